@@ -1,0 +1,285 @@
+"""From a validated config to the objects a run needs: system, grid, schedule, datasets and
+the fit problem. Every check that can fail on user input runs here, before anything is
+compiled, and raises :class:`ConfigError` (or the data module's ``DatasetError``) naming the
+offending key or value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from systems import get_system
+
+from . import data as zd
+from .adjoint import Nested, Revolve, Schedule, StoreAll, snapshots_for_budget
+from .config import AdjointConfig, FitConfig, SystemConfig
+from .grid import Grid
+from .integrate import INTEGRATORS, simulate
+from .observe import LOSSES, Observation, observed_data
+from .params import ParameterError, ParameterLayout
+from .problem import Batch, FitProblem, Regularization
+from .system import System, check_time_step, default_params, stepper
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work, found before any compilation."""
+
+
+def set_precision(precision: str) -> Any:
+    if precision not in ("float32", "float64"):
+        raise ConfigError(f"precision must be float32 or float64, got {precision!r}")
+    jax.config.update("jax_enable_x64", precision == "float64")
+    return jnp.float64 if precision == "float64" else jnp.float32
+
+
+def make_grid(cfg: SystemConfig) -> Grid:
+    try:
+        return Grid(tuple(cfg.grid.shape), tuple(cfg.grid.spacing), tuple(cfg.grid.boundaries))
+    except ValueError as err:
+        raise ConfigError(f"system.grid: {err}") from None
+
+
+def make_system(cfg: SystemConfig) -> System:
+    try:
+        return get_system(cfg.name, **dict(cfg.options))
+    except ValueError as err:
+        raise ConfigError(f"system: {err}") from None
+
+
+def system_params(system: System, overrides: Any) -> dict[str, float]:
+    """Defaults with ``system.params`` overrides; unknown names are an error."""
+    values = default_params(system)
+    unknown = sorted(set(overrides) - set(values))
+    if unknown:
+        raise ConfigError(f"system.params: unknown parameter(s) {unknown} for {system.name}; "
+                          f"it has {sorted(values)}")
+    values.update({k: float(v) for k, v in overrides.items()})
+    for name, value in values.items():
+        try:
+            system.params[name].check(name, value)
+        except ParameterError as err:
+            raise ConfigError(f"system.params: {err}") from None
+    return values
+
+
+def check_dynamics(system: System, params: dict[str, float], grid: Grid, cfg: SystemConfig,
+                   ) -> None:
+    if cfg.integrator not in INTEGRATORS:
+        raise ConfigError(f"system.integrator: unknown {cfg.integrator!r}; choose one of "
+                          f"{sorted(INTEGRATORS)}")
+    if cfg.integrator == "rush_larsen" and not hasattr(system, "gates"):
+        raise ConfigError(f"system.integrator: {system.name} has no gating variables for "
+                          "rush_larsen")
+    check_time_step(system, params, grid, cfg.dt, cfg.integrator)
+
+
+def make_schedule(cfg: AdjointConfig, state_bytes: int) -> Schedule:
+    if cfg.kind == "store_all":
+        return StoreAll()
+    if cfg.kind == "nested":
+        return Nested(cfg.levels)
+    if cfg.kind == "revolve":
+        if cfg.snapshots is not None:
+            if cfg.snapshots < 1:
+                raise ConfigError(f"adjoint.snapshots must be >= 1, got {cfg.snapshots}")
+            return Revolve(cfg.snapshots)
+        if cfg.memory_budget_mb is None:
+            raise ConfigError("adjoint: give revolve either snapshots or memory_budget_mb")
+        return Revolve(snapshots_for_budget(cfg.memory_budget_mb * 2**20, state_bytes))
+    raise ConfigError(f"adjoint.kind: unknown {cfg.kind!r}; choose store_all, nested or revolve")
+
+
+# ---------------------------------------------------------------------------------------------
+# Simulation.
+
+
+def simulate_frames(system: System, grid: Grid, params: dict[str, float], dt: float,
+                    integrator: str, n_frames: int, steps_per_frame: int, seed: int,
+                    dtype: Any) -> dict[str, np.ndarray]:
+    """One experiment: a seeded initial state and its frames, (n_frames, ny, nx) per field."""
+    state = system.initial_state(grid, params, seed)
+    state = {k: jnp.asarray(v, dtype) for k, v in state.items()}
+    p = {k: jnp.asarray(v, dtype) for k, v in params.items()}
+    step = stepper(system, grid, integrator)
+    n_steps = (n_frames - 1) * steps_per_frame
+    run = jax.jit(simulate, static_argnums=(0, 5, 6))
+    frames = run(step, state, p, 0.0, dt, n_steps, steps_per_frame)
+    return {k: np.asarray(v) for k, v in frames.items()}
+
+
+def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
+    """Write a synthetic dataset for ``cfg.system`` / ``cfg.simulate`` to ``path``."""
+    system, grid = make_system(cfg.system), make_grid(cfg.system)
+    params = system_params(system, cfg.system.params)
+    check_dynamics(system, params, grid, cfg.system)
+    sim = cfg.simulate
+    if sim.n_frames < 1 or sim.steps_per_frame < 1 or sim.n_experiments < 1:
+        raise ConfigError("simulate: n_frames, steps_per_frame and n_experiments must be >= 1")
+    noise = {"kind": sim.noise.kind}
+    if sim.noise.kind != "none":
+        noise.update(sigma=float(sim.noise.sigma), seed=int(sim.noise.seed))
+    try:
+        zd.check_noise(noise)
+    except zd.DatasetError as err:
+        raise ConfigError(f"simulate.noise: {err}") from None
+    meta = zd.DatasetMeta(
+        system=system.name, fields=tuple(system.fields), grid_shape=grid.shape,
+        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(cfg.system.dt),
+        steps_per_frame=int(sim.steps_per_frame), t0=0.0, n_frames=int(sim.n_frames),
+        n_experiments=int(sim.n_experiments), true_params=params, noise=noise,
+        provenance=zd.make_provenance(_plain(cfg)))
+    zd.create_dataset(path, meta, frames_per_shard=sim.frames_per_shard, overwrite=True)
+    for experiment in range(sim.n_experiments):
+        frames = simulate_frames(system, grid, params, cfg.system.dt, cfg.system.integrator,
+                                 sim.n_frames, sim.steps_per_frame, sim.seed + experiment, dtype)
+        for name, values in frames.items():
+            if not np.all(np.isfinite(values)):
+                raise ConfigError(f"simulation of {name!r} blew up (non-finite values); "
+                                  "reduce system.dt")
+            for shard in zd.plan_shards(1, sim.n_frames, sim.frames_per_shard):
+                block = values[shard.frame_start:shard.frame_stop]
+                block = zd.add_noise_block(block, noise, experiment=experiment,
+                                           frame_start=shard.frame_start)
+                zd.write_block(path, name, block, experiment=experiment,
+                               frame_start=shard.frame_start)
+        log(f"simulated experiment {experiment}: {sim.n_frames} frames of "
+            f"{list(system.fields)} on {grid.shape}")
+    return path
+
+
+def _plain(cfg: Any) -> Any:
+    try:
+        from omegaconf import OmegaConf
+        return OmegaConf.to_container(cfg, resolve=True)
+    except Exception:  # a plain dataclass config in tests
+        return {}
+
+
+# ---------------------------------------------------------------------------------------------
+# The fit problem.
+
+
+class FitSetup(NamedTuple):
+    problem: FitProblem
+    batch: Batch
+    theta0: dict[str, Any]
+    start_values: dict[str, float]
+    reference: dict[str, float] | None  # the dataset's true parameters, if it has them
+
+
+def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
+    """Validate config and dataset against each other and assemble the fit."""
+    system, grid = make_system(cfg.system), make_grid(cfg.system)
+    params = system_params(system, cfg.system.params)
+    check_dynamics(system, params, grid, cfg.system)
+    ds = zd.open_dataset(dataset_path)
+    obs_cfg = cfg.observe
+    unknown = [f for f in obs_cfg.fields if f not in system.fields]
+    if unknown:
+        raise ConfigError(f"observe.fields: unknown field(s) {unknown} for {system.name}; it "
+                          f"has {list(system.fields)}")
+    if obs_cfg.loss not in LOSSES:
+        raise ConfigError(f"observe.loss: unknown {obs_cfg.loss!r}; choose one of {LOSSES}")
+    if obs_cfg.nan not in ("error", "mask"):
+        raise ConfigError(f"observe.nan must be 'error' or 'mask', got {obs_cfg.nan!r}")
+    fit_fields = dict(cfg.fit.initial_fields)
+    for name, source in fit_fields.items():
+        if name not in system.fields or source not in ("data", "fit"):
+            raise ConfigError(f"fit.initial_fields: {name}={source} — fields are "
+                              f"{list(system.fields)}, sources are data or fit")
+    fitted_fields = tuple(f for f in system.fields if fit_fields.get(f) == "fit")
+    needed = sorted(set(obs_cfg.fields) | {f for f in system.fields if f not in fitted_fields})
+    zd.validate_dataset(ds, system=system.name, fields=needed, grid_shape=grid.shape,
+                        grid_spacing=grid.spacing, boundaries=grid.boundaries,
+                        check_finite=obs_cfg.nan == "error")
+    meta = ds.meta
+
+    # Frames and time steps: each used frame must fall on a step of the fit's dt.
+    frames = list(range(meta.n_frames)) if cfg.data.frames is None else list(cfg.data.frames)
+    if not frames or sorted(set(frames)) != frames or frames[0] < 0 or frames[-1] >= meta.n_frames:
+        raise ConfigError(f"data.frames must be increasing indices in [0, {meta.n_frames}), "
+                          f"got {frames}")
+    ratio = meta.frame_interval / cfg.system.dt
+    steps_per_frame = round(ratio)
+    if steps_per_frame < 1 or abs(ratio - steps_per_frame) > 1e-6 * ratio:
+        raise ConfigError(f"frames are {meta.frame_interval} apart, not a multiple of "
+                          f"system.dt={cfg.system.dt}")
+    frame_steps = [(f - frames[0]) * steps_per_frame for f in frames]
+    n_steps = frame_steps[-1]
+    experiments = (list(range(meta.n_experiments)) if cfg.data.experiments is None
+                   else list(cfg.data.experiments))
+    if not experiments or min(experiments) < 0 or max(experiments) >= meta.n_experiments:
+        raise ConfigError(f"data.experiments must index [0, {meta.n_experiments}), got "
+                          f"{experiments}")
+
+    stride = obs_cfg.stride
+    values, masks = {}, {}
+    for name in obs_cfg.fields:
+        v = ds.read(name, experiments=experiments, frames=frames)[..., ::stride, ::stride]
+        m = ds.read_mask(name, experiments=experiments, frames=frames)
+        m = None if m is None else m[..., ::stride, ::stride]
+        if obs_cfg.nan == "mask":
+            finite = np.isfinite(v)
+            m = finite if m is None else (m & finite)
+        values[name], masks[name] = v, m
+    observation = Observation(tuple(obs_cfg.fields), stride, obs_cfg.loss,
+                              tuple(sorted(dict(obs_cfg.field_weights).items())))
+    observed = observed_data(observation, values, masks, frame_steps, n_steps, dtype)
+    initial = {f: jnp.asarray(ds.read(f, experiments=experiments, frames=frames[0]), dtype)
+               for f in system.fields if f in meta.fields}
+    missing = [f for f in system.fields if f not in fitted_fields and f not in initial]
+    if missing:
+        raise ConfigError(f"initial field(s) {missing} are not in the dataset: fit them "
+                          f"(fit.initial_fields.{missing[0]}=fit)")
+    for name, field in initial.items():
+        if name not in fitted_fields and not bool(jnp.all(jnp.isfinite(field))):
+            raise ConfigError(f"the initial frame of {name!r} has missing values: fit it "
+                              f"(fit.initial_fields.{name}=fit)")
+
+    # Parameters: which are fitted, and where they start.
+    reference = dict(meta.true_params) if meta.true_params else None
+    fitted = list(cfg.fit.params)
+    start_values = dict(params)
+    if cfg.fit.perturb is not None and fitted:
+        rng = np.random.default_rng(cfg.fit.perturb.seed)
+        factors = rng.uniform(cfg.fit.perturb.low, cfg.fit.perturb.high, len(fitted))
+        base = reference or params
+        for name, factor in zip(fitted, factors, strict=True):
+            if name in base:
+                start_values[name] = float(base[name]) * float(factor)
+    for name, value in dict(cfg.fit.start).items():
+        start_values[name] = float(value)
+    unknown = sorted((set(cfg.fit.start) | set(fitted)) - set(system.params))
+    if unknown:
+        raise ConfigError(f"fit: unknown parameter(s) {unknown} for {system.name}; it has "
+                          f"{sorted(system.params)}")
+    try:
+        layout = ParameterLayout.build(system.params, start_values, fitted,
+                                       dict(cfg.fit.transforms), system.name)
+        z0 = layout.unconstrained(start_values)
+    except ParameterError as err:
+        raise ConfigError(f"fit: {err}") from None
+    z0 = {k: jnp.asarray(v, dtype) for k, v in z0.items()}
+    fields0 = {}
+    for name in fitted_fields:
+        guess = initial.get(name)
+        if guess is None or not bool(jnp.all(jnp.isfinite(guess))):
+            guess = jnp.zeros((len(experiments), *grid.shape), dtype)
+        fields0[name] = guess
+    theta0 = {"params": z0, "fields": fields0}
+
+    state_bytes = sum(np.prod(grid.shape) * jnp.dtype(dtype).itemsize for _ in system.fields)
+    schedule = make_schedule(cfg.adjoint, int(state_bytes))
+    problem = FitProblem(
+        system=system, grid=grid, dt=float(cfg.system.dt), integrator=cfg.system.integrator,
+        n_steps=n_steps, layout=layout, observation=observation, schedule=schedule,
+        fitted_fields=fitted_fields, t0=float(meta.times[frames[0]]),
+        regularization=Regularization(cfg.regularization.params, cfg.regularization.fields))
+    if n_steps == 0:
+        raise ConfigError("the training window has no time steps: use at least two frames")
+    batch = Batch(observed, {k: v for k, v in initial.items() if k not in fitted_fields})
+    return FitSetup(problem, batch, theta0, {n: start_values[n] for n in fitted}, reference)

@@ -1,0 +1,145 @@
+"""Structured configs: the schema Hydra validates every fit and simulate config against, so a
+misspelt key or a value of the wrong type is an error before anything runs.
+
+Keys that name system parameters or fields (``system.params``, ``fit.start``, ...) are free
+dicts here and checked against the chosen system in :mod:`pdefit.setup`, which names the
+offending key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+
+
+@dataclass
+class GridConfig:
+    shape: list[int] = field(default_factory=lambda: [64, 64])
+    spacing: list[float] = field(default_factory=lambda: [1.0, 1.0])
+    boundaries: list[str] = field(default_factory=lambda: ["neumann", "neumann"])
+
+
+@dataclass
+class SystemConfig:
+    name: str = "aliev_panfilov"
+    options: dict[str, Any] = field(default_factory=dict)
+    params: dict[str, float] = field(default_factory=dict)  # overrides of the system defaults
+    grid: GridConfig = field(default_factory=GridConfig)
+    dt: float = 0.05
+    integrator: str = "euler"
+
+
+@dataclass
+class NoiseConfig:
+    kind: str = "none"  # none | additive | relative
+    sigma: float = 0.0
+    seed: int = 0
+
+
+@dataclass
+class SimulateConfig:
+    """How a synthetic dataset is made (``pdefit-simulate``, or ``pdefit-fit`` without data)."""
+
+    seed: int = 0
+    n_experiments: int = 1
+    n_frames: int = 21
+    steps_per_frame: int = 20
+    noise: NoiseConfig = field(default_factory=NoiseConfig)
+    output: str = "data.zarr"
+    frames_per_shard: int = 16
+
+
+@dataclass
+class DataConfig:
+    path: str | None = None  # None: simulate first (the embedded default)
+    frames: list[int] | None = None  # frame indices used for training; None: all
+    experiments: list[int] | None = None  # None: all
+
+
+@dataclass
+class ObserveConfig:
+    fields: list[str] = field(default_factory=lambda: ["u", "v"])
+    stride: int = 1
+    loss: str = "mse"  # mse | relative_mse
+    field_weights: dict[str, float] = field(default_factory=dict)
+    nan: str = "error"  # error: NaN/Inf outside the mask is rejected; mask: NaN means missing
+
+
+@dataclass
+class PerturbConfig:
+    low: float = 0.5
+    high: float = 1.5
+    seed: int = 0
+
+
+@dataclass
+class FitSpecConfig:
+    params: list[str] = field(default_factory=list)  # names of fitted parameters
+    start: dict[str, float] = field(default_factory=dict)  # explicit starting values
+    perturb: PerturbConfig | None = field(default_factory=PerturbConfig)  # start = ref × U(low, high)
+    transforms: dict[str, str] = field(default_factory=dict)  # per-parameter override
+    initial_fields: dict[str, str] = field(default_factory=dict)  # field -> data | fit
+
+
+@dataclass
+class OptimConfig:
+    name: str = "adam"  # adam | adamw | sgd
+    lr: float = 0.05
+    steps: int = 300
+    schedule: str = "cosine"  # constant | cosine | exponential
+    final_lr_fraction: float = 0.01
+    warmup_steps: int = 0
+    clip: float | None = 1.0  # global-norm gradient clipping; null disables
+    nan_lr_factor: float = 0.5  # on a non-finite loss/gradient the step is skipped, lr scaled
+    max_nan_failures: int = 5
+
+
+@dataclass
+class AdjointConfig:
+    kind: str = "revolve"  # store_all | nested | revolve
+    snapshots: int | None = 32  # revolve; null: derive from memory_budget_mb
+    memory_budget_mb: float | None = None
+    levels: int = 2  # nested
+
+
+@dataclass
+class RegularizationConfig:
+    params: float = 0.0
+    fields: float = 0.0
+
+
+@dataclass
+class RunConfig:
+    dir: str | None = None  # None: Hydra's output directory
+    log_every: int = 25
+    progress: bool = True
+    plots: bool = True
+
+
+@dataclass
+class FitConfig:
+    system: SystemConfig = field(default_factory=SystemConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    observe: ObserveConfig = field(default_factory=ObserveConfig)
+    fit: FitSpecConfig = field(default_factory=FitSpecConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    adjoint: AdjointConfig = field(default_factory=AdjointConfig)
+    regularization: RegularizationConfig = field(default_factory=RegularizationConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+    precision: str = "float32"  # float32 | float64
+
+
+@dataclass
+class SimulateMainConfig:
+    system: SystemConfig = field(default_factory=SystemConfig)
+    simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    precision: str = "float32"
+
+
+def register_configs() -> None:
+    store = ConfigStore.instance()
+    store.store(name="fit_schema", node=FitConfig)
+    store.store(name="simulate_schema", node=SimulateMainConfig)

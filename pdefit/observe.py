@@ -1,0 +1,112 @@
+"""Observation operators and misfit losses.
+
+An :class:`Observation` says which fields are observed, at which spatial stride, and how the
+misfit is normalised. :func:`observed_data` turns dataset arrays into the device-side
+:class:`ObservedData` the loss reads inside the time loop: observed frames are addressed by a
+step → slot table, so frames need not be equally spaced and the predicted trajectory is never
+stored. Missing values are carried by weights (0 where not observed), never by NaN.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+LOSSES = ("mse", "relative_mse")
+
+
+class ObservedData(NamedTuple):
+    """What the in-loop loss reads; arrays have a leading experiment axis except
+    ``slot_of_step`` (shared by all experiments)."""
+
+    values: dict[str, jnp.ndarray]   # field -> (n_exp, n_slots, ny', nx'), zero where missing
+    weights: dict[str, jnp.ndarray]  # field -> same shape, 1 where observed, else 0
+    scale: dict[str, jnp.ndarray]    # field -> (n_exp,), 1 / normaliser of that field's misfit
+    slot_of_step: jnp.ndarray        # (n_steps + 1,) int32, slot of the frame at that step or -1
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Which fields are observed and how the misfit is measured.
+
+    ``loss="mse"`` averages squared errors over observed points (summed over fields, each with
+    its own mean); ``"relative_mse"`` divides each field's squared error by the mean square of
+    its observations, so fields of different magnitude weigh alike.
+    """
+
+    fields: tuple[str, ...]
+    stride: int = 1
+    loss: str = "mse"
+    field_weights: tuple[tuple[str, float], ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.loss not in LOSSES:
+            raise ValueError(f"unknown loss {self.loss!r}; choose one of {LOSSES}")
+        if self.stride < 1:
+            raise ValueError(f"observation stride must be >= 1, got {self.stride}")
+        if not self.fields:
+            raise ValueError("observe at least one field")
+
+    def project(self, state: Mapping[str, jnp.ndarray]) -> dict[str, jnp.ndarray]:
+        """The observed part of a model state."""
+        s = self.stride
+        return {f: state[f][..., ::s, ::s] for f in self.fields}
+
+    def misfit(self, state: Mapping[str, jnp.ndarray], data: ObservedData, slot: Any,
+               ) -> jnp.ndarray:
+        """Weighted squared error of one state against observed frame ``slot`` (one experiment:
+        ``data`` arrays here have no experiment axis)."""
+        weights = dict(self.field_weights)
+        total = jnp.zeros((), jnp.result_type(*jax.tree.leaves(state)))
+        for name, predicted in self.project(state).items():
+            obs = data.values[name][slot]
+            w = data.weights[name][slot]
+            total = total + weights.get(name, 1.0) * data.scale[name] * jnp.sum(
+                w * (predicted - obs) ** 2)
+        return total
+
+    def cost(self, state, data: ObservedData, n: Any) -> jnp.ndarray:
+        """The loss term at step ``n`` (zero where no frame is observed)."""
+        slot = data.slot_of_step[n]
+        return jax.lax.cond(
+            slot >= 0,
+            lambda: self.misfit(state, data, jnp.maximum(slot, 0)),
+            lambda: jnp.zeros((), jnp.result_type(*jax.tree.leaves(state))),
+        )
+
+
+def observed_data(observation: Observation, values: Mapping[str, np.ndarray],
+                  masks: Mapping[str, np.ndarray | None], frame_steps: Sequence[int],
+                  n_steps: int, dtype: Any) -> ObservedData:
+    """Device arrays for the in-loop loss. ``values[f]`` is (n_exp, n_frames, ny, nx) already
+    strided like the model projection; ``masks[f]`` is a bool array of the same shape or None;
+    ``frame_steps[j]`` is the step index of frame j."""
+    slot_of_step = np.full(n_steps + 1, -1, np.int32)
+    for slot, step in enumerate(frame_steps):
+        if not 0 <= step <= n_steps:
+            raise ValueError(f"frame at step {step} lies outside the rollout [0, {n_steps}]")
+        slot_of_step[step] = slot
+    vals, weights, scale = {}, {}, {}
+    for name in observation.fields:
+        v = np.asarray(values[name], dtype=np.float64)
+        m = masks.get(name)
+        w = np.ones(v.shape, bool) if m is None else np.asarray(m, bool)
+        v = np.where(w, v, 0.0)
+        count = w.sum(axis=tuple(range(1, v.ndim)))
+        if np.any(count == 0):
+            raise ValueError(f"field {name!r} has an experiment with no observed value")
+        if observation.loss == "mse":
+            norm = count
+        else:
+            norm = (v**2).sum(axis=tuple(range(1, v.ndim)))
+            if np.any(norm == 0):
+                raise ValueError(f"relative_mse needs nonzero observations of {name!r}")
+        vals[name] = jnp.asarray(v, dtype)
+        weights[name] = jnp.asarray(w, dtype)
+        scale[name] = jnp.asarray(1.0 / norm, dtype)
+    return ObservedData(vals, weights, scale, jnp.asarray(slot_of_step))

@@ -1,0 +1,77 @@
+"""What the engine expects of a physical system (see design.md §2).
+
+A system is a small frozen dataclass holding static options only (never arrays), so it can be
+closed over by jitted functions. It provides:
+
+- ``name``, ``fields`` (state field names) and ``params`` (name → :class:`ParamSpec`);
+- ``stencil_radius``: the halo width its operators need;
+- either ``rhs(state, params, t, grid)`` (method of lines; any integrator applies, and
+  ``gates(...)`` enables Rush–Larsen) or ``step(state, params, t, dt, grid)`` (systems that
+  need a projection or a split step);
+- ``max_stable_dt(params, grid)``: the largest stable forward-Euler step;
+- ``initial_state(grid, params, seed)``: a seeded generator of a typical state.
+
+Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+from .grid import Grid
+from .integrate import REAL_AXIS_STABILITY, Step, make_stepper
+from .params import ParamSpec
+
+
+@runtime_checkable
+class System(Protocol):
+    name: str
+    fields: tuple[str, ...]
+    params: dict[str, ParamSpec]
+    stencil_radius: int
+
+    def max_stable_dt(self, params: dict[str, float], grid: Grid) -> float: ...
+
+    def initial_state(self, grid: Grid, params: dict[str, float], seed: int) -> dict[str, Any]: ...
+
+
+class UnstableTimeStepError(ValueError):
+    """The configured time step exceeds the system's stability limit."""
+
+
+def default_params(system: System) -> dict[str, float]:
+    return {name: spec.default for name, spec in system.params.items()}
+
+
+def stepper(system: System, grid: Grid, method: str) -> Step:
+    """``step(state, params, t, dt)`` for this system on this grid."""
+    if hasattr(system, "step"):
+        def own_step(state, params, t, dt):
+            return system.step(state, params, t, dt, grid)
+        return own_step
+
+    def rhs(state, params, t):
+        return system.rhs(state, params, t, grid)
+
+    gates = None
+    if hasattr(system, "gates"):
+        def gates(state, params, t):
+            return system.gates(state, params, t, grid)
+    return make_stepper(method, rhs, gates)
+
+
+def check_time_step(system: System, params: dict[str, float], grid: Grid, dt: float,
+                    method: str) -> float:
+    """Raise :class:`UnstableTimeStepError` if ``dt`` is above the stability limit of ``method``;
+    return the limit."""
+    if not dt > 0:
+        raise UnstableTimeStepError(f"time step dt={dt} must be positive")
+    limit = system.max_stable_dt(params, grid)
+    if not hasattr(system, "step"):
+        limit *= REAL_AXIS_STABILITY[method] / REAL_AXIS_STABILITY["euler"]
+    if dt > limit:
+        raise UnstableTimeStepError(
+            f"time step dt={dt} exceeds the stability limit {limit:.4g} of {system.name} with "
+            f"{method} on a grid with spacing {grid.spacing}; reduce dt or coarsen the grid"
+        )
+    return limit
