@@ -74,7 +74,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     def describe(theta):
         return {n: problem.layout.physical(theta["params"])[n] for n in problem.layout.fitted}
 
-    state, history = run_fit(jax.value_and_grad(problem.loss), setup.theta0, setup.batch,
+    state, history = run_fit(problem.loss, setup.theta0, setup.batch,
                              cfg.optim, describe=describe, metrics_path=out / "metrics.jsonl",
                              progress=cfg.run.progress, log=log.warning)
     theta = history.best_theta

@@ -85,7 +85,7 @@ class FitSpecConfig:
 
 @dataclass
 class OptimConfig:
-    name: str = "adam"  # adam | adamw | sgd
+    name: str = "adam"  # adam | adamw | sgd | lbfgs
     lr: float = 0.05
     steps: int = 300
     schedule: str = "cosine"  # constant | cosine | exponential
@@ -94,6 +94,7 @@ class OptimConfig:
     clip: float | None = 1.0  # global-norm gradient clipping; null disables
     nan_lr_factor: float = 0.5  # on a non-finite loss/gradient the step is skipped, lr scaled
     max_nan_failures: int = 5
+    grad_tol: float = 0.0  # stop once |grad| <= grad_tol * |initial grad|
 
 
 @dataclass

@@ -62,11 +62,14 @@ def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+    """Gradient clipping (optional) followed by the optimiser. ``lbfgs`` ignores the
+    learning-rate schedule: its zoom line search chooses each step length."""
     schedule = learning_rate_schedule(cfg)
     optimizers: dict[str, Callable[[], optax.GradientTransformation]] = {
         "adam": lambda: optax.adam(schedule),
         "adamw": lambda: optax.adamw(schedule),
         "sgd": lambda: optax.sgd(schedule, momentum=0.9),
+        "lbfgs": lambda: optax.lbfgs(),
     }
     if cfg.name not in optimizers:
         raise ValueError(f"unknown optimizer {cfg.name!r}; choose one of {sorted(optimizers)}")
@@ -74,39 +77,44 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     return optax.chain(*parts, optimizers[cfg.name]())
 
 
-def make_update(loss_and_grad: Callable, optimizer: optax.GradientTransformation) -> Callable:
-    """``update(state, batch) -> (candidate state, loss, grad norm, finite)``, jitted."""
+def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Callable:
+    """``update(state, batch) -> (candidate state, loss, grad norm, finite)``, jitted. Extra
+    arguments (value, gradient, loss function) are offered to optimisers that take them, such
+    as L-BFGS's line search."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
-        loss, grad = loss_and_grad(state.theta, batch)
+        value, grad = jax.value_and_grad(loss)(state.theta, batch)
         grad_norm = optax.global_norm(grad)
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-        updates, opt_state = optimizer.update(grad, state.opt_state, state.theta)
+        finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+        updates, opt_state = optimizer.update(
+            grad, state.opt_state, state.theta, value=value, grad=grad,
+            value_fn=lambda theta: loss(theta, batch))
         updates = jax.tree.map(lambda u: state.lr_scale * u, updates)
         theta = optax.apply_updates(state.theta, updates)
-        return TrainState(state.step + 1, theta, opt_state, state.lr_scale), loss, grad_norm, finite
+        return TrainState(state.step + 1, theta, opt_state, state.lr_scale), value, grad_norm, finite
 
     return update
 
 
-def run_fit(loss_and_grad: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
+def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             describe: Callable[[Any], Mapping[str, float]] | None = None,
             metrics_path: Path | None = None, progress: bool = True,
             log: Callable[[str], None] = print) -> tuple[TrainState, FitHistory]:
-    """Minimise ``loss_and_grad``'s loss from ``theta0``. ``describe(theta)`` gives the physical
+    """Minimise ``loss(theta, batch)`` from ``theta0``. ``describe(theta)`` gives the physical
     values written to the metrics file at each step."""
     optimizer = make_optimizer(cfg)
-    update = make_update(loss_and_grad, optimizer)
+    update = make_update(loss, optimizer)
     state = TrainState(jnp.asarray(0), theta0, optimizer.init(theta0), jnp.asarray(1.0))
     history = FitHistory()
+    grad_norm_0 = None
     metrics = metrics_path.open("w") if metrics_path else None
     start = time.perf_counter()
     bar = tqdm(total=cfg.steps, disable=not progress, desc="fit", dynamic_ncols=True)
     try:
         while int(state.step) < cfg.steps:
-            candidate, loss, grad_norm, finite = update(state, batch)
-            loss = float(loss)  # blocks: one update in flight at a time
+            candidate, value, grad_norm, finite = update(state, batch)
+            value = float(value)  # blocks: one update in flight at a time
             if not bool(finite):
                 history.nan_failures += 1
                 if history.nan_failures > cfg.max_nan_failures:
@@ -121,24 +129,31 @@ def run_fit(loss_and_grad: Callable, theta0: Any, batch: Any, cfg: OptimConfig, 
                 # schedule advances.
                 state = state._replace(step=state.step + 1, lr_scale=scale)
                 continue
-            if loss < history.best_loss:
-                history.best_loss, history.best_theta = loss, state.theta
-            history.losses.append(loss)
+            if value < history.best_loss:
+                history.best_loss, history.best_theta = value, state.theta
+            history.losses.append(value)
             if metrics:
-                record = {"step": int(state.step), "loss": loss, "grad_norm": float(grad_norm),
+                record = {"step": int(state.step), "loss": value, "grad_norm": float(grad_norm),
                           "lr_scale": float(state.lr_scale),
                           "time": time.perf_counter() - start}
                 if describe:
                     record["params"] = {k: float(v) for k, v in describe(state.theta).items()}
                 metrics.write(json.dumps(record) + "\n")
             state = candidate
-            bar.set_postfix(loss=f"{loss:.3e}", refresh=False)
+            if grad_norm_0 is None:
+                grad_norm_0 = float(grad_norm)
+            if float(grad_norm) <= cfg.grad_tol * grad_norm_0:
+                log(f"converged at step {int(state.step)}: gradient norm {float(grad_norm):.3e} "
+                    f"<= {cfg.grad_tol:g} x initial")
+                bar.update(1)
+                break
+            bar.set_postfix(loss=f"{value:.3e}", refresh=False)
             bar.update(1)
     finally:
         bar.close()
         if metrics:
             metrics.close()
-    final_loss = float(loss_and_grad(state.theta, batch)[0])
+    final_loss = float(jax.jit(loss)(state.theta, batch))
     if math.isfinite(final_loss) and final_loss < history.best_loss:
         history.best_loss, history.best_theta = final_loss, state.theta
     history.losses.append(final_loss)
