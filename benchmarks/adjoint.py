@@ -1,0 +1,550 @@
+"""Benchmark of pdefit's adjoint schedules against diffrax's checkpointed adjoint.
+
+What it measures
+----------------
+One Aliev–Panfilov fit problem per (grid size n, number of steps N): an n×n grid with dx = 1 and
+no-flux boundaries, forward Euler with dt = 0.05, float32, the spiral initial state of
+``AlievPanfilov().initial_state(grid, AP96, seed=0)``; u and v observed every 20 steps (the
+initial state included) against reference frames made by one forward run with the AP96
+parameters; an MSE misfit as in :mod:`pdefit.observe`; the loss is evaluated and differentiated
+with respect to the 7 scalar parameters (and, with ``--grad-x0``, the initial field) at a point
+perturbed by a few percent from AP96, so the gradient is not zero.
+
+For each pdefit schedule (``StoreAll``, ``Nested(levels)``, ``Revolve(snapshots)``) the loss chain
+is built exactly as :class:`pdefit.problem.FitProblem` builds it: ``step`` is
+``pdefit.system.stepper(system, grid, "euler")`` at t = n·dt, and ``cost`` is
+``Observation.cost``, which looks the step up in a step → slot table and adds the misfit under
+``lax.cond`` inside the time loop, so pdefit never stores a trajectory.
+
+The diffrax run solves the same ODE system (the same ``AlievPanfilov.rhs``) with
+``diffrax.Euler()``, the same dt, ``t0 = 0``, ``t1 = N·dt``, ``max_steps = N`` and
+``adjoint=RecursiveCheckpointAdjoint(checkpoints=s)`` with s = ``--snapshots`` (the Revolve
+snapshot count). Its observation loss is computed from ``SaveAt(ts=observation times)``: the saved
+frames (N/20 + 1 states) are materialised, because that is how an observation loss is written
+with diffrax; their memory is part of its temporary memory. The two codes integrate the same
+scheme: the table's last two columns give the relative difference of the loss and the largest
+componentwise relative difference of the gradient against pdefit's ``StoreAll`` (or ``Revolve``
+where ``StoreAll`` was skipped).
+
+For every method it reports: compile time (lower + compile of the gradient function), forward
+time (the jitted loss alone), gradient time (the jitted ``value_and_grad``), their ratio, the
+temporary memory of the compiled gradient (``compiled.memory_analysis().temp_size_in_bytes``;
+inputs and outputs are not included), and for pdefit the gradient time relative to diffrax's.
+Times are the median (and min, in the JSON) of ``--repeats`` runs after one warm-up run, each
+ended by ``jax.block_until_ready``.
+
+Targets (from the issue) checked at the end: Revolve gradient time ≤ 0.7 × diffrax at equal
+snapshots; Revolve gradient/forward ≤ (N + extra)/N + 2, where extra is the number of
+recomputed steps beyond the first forward sweep (``revolve_recomputations(N, s)`` counts every
+advance of the plan, the first sweep's N − 1 included, so extra = that − (N − 1)); Revolve
+memory flat in N.
+
+``StoreAll`` keeps every state; where its compiled gradient would need more than
+``--max-store-all-gb`` of temporary memory it is compiled (to report the memory) but not run.
+
+How to run
+----------
+From the repository root, with the ``bench`` extra (diffrax, equinox) installed::
+
+    python benchmarks/adjoint.py --quick               # smoke test, 64², N ∈ {200, 400}
+    python benchmarks/adjoint.py --sizes 128           # 128², N ∈ {500, 1000, 2000, 4000}
+    python benchmarks/adjoint.py                       # the issue's grid: 128² and 256²
+
+Options: ``--steps``, ``--snapshots``, ``--schedules``, ``--nested-levels``, ``--repeats``,
+``--every``, ``--dt``, ``--grad-x0``, ``--max-store-all-gb``, ``--no-diffrax``, ``--out`` (JSON,
+default ``benchmarks/results/adjoint.json``; it is rewritten after every configuration, so an
+interrupted run keeps what it finished). On a 2-core CPU the full default grid takes well over
+20 minutes; ``--sizes 128`` and ``--sizes 256`` can be run separately.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from pdefit.adjoint import LossChain, Nested, Revolve, StoreAll, revolve_recomputations
+from pdefit.grid import Grid
+from pdefit.integrate import simulate
+from pdefit.observe import Observation, ObservedData, observed_data
+from pdefit.system import stepper
+from systems.aliev_panfilov import AP96, AlievPanfilov
+
+SCHEDULES = ("store_all", "nested", "revolve")
+FIELDS = ("u", "v")
+DTYPE = jnp.float32
+MiB = 2.0**20
+GiB = 2.0**30
+
+Pytree = Any
+
+
+# ---------------------------------------------------------------------------------------------
+# The problem.
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Everything one (size, N) configuration needs, arrays included."""
+
+    size: int
+    n_steps: int
+    dt: float
+    every: int
+    grid: Grid
+    system: AlievPanfilov
+    x0: dict[str, jax.Array]
+    theta: dict[str, jax.Array]      # where the loss is evaluated (perturbed AP96)
+    data: ObservedData               # pdefit's in-loop observation data (one experiment)
+    frames: dict[str, jax.Array]     # the same observed frames, (n_frames, n, n), for diffrax
+    frame_steps: tuple[int, ...]
+    observation: Observation
+
+
+_INITIAL_STATES: dict[int, dict[str, jax.Array]] = {}
+
+
+def initial_state(system: AlievPanfilov, grid: Grid) -> dict[str, jax.Array]:
+    """The seeded spiral of the AP system, cached per grid size."""
+    size = grid.shape[0]
+    if size not in _INITIAL_STATES:
+        state = system.initial_state(grid, AP96, seed=0)
+        _INITIAL_STATES[size] = {f: jnp.asarray(state[f], DTYPE) for f in FIELDS}
+    return _INITIAL_STATES[size]
+
+
+def make_setup(size: int, n_steps: int, dt: float, every: int) -> Setup:
+    if n_steps % every:
+        raise ValueError(f"N={n_steps} is not a multiple of the observation interval {every}")
+    system = AlievPanfilov()
+    grid = Grid((size, size), (1.0, 1.0))
+    x0 = initial_state(system, grid)
+    true = {k: jnp.asarray(v, DTYPE) for k, v in AP96.items()}
+    factors = np.random.default_rng(1).uniform(0.95, 1.05, len(AP96))
+    theta = {k: jnp.asarray(v * f, DTYPE) for (k, v), f in zip(AP96.items(), factors, strict=True)}
+    step = stepper(system, grid, "euler")
+    frames = jax.jit(simulate, static_argnums=(0, 5, 6))(step, x0, true, 0.0, dt, n_steps, every)
+    frames = {f: frames[f] for f in FIELDS}
+    frame_steps = tuple(range(0, n_steps + 1, every))
+    observation = Observation(FIELDS)
+    observed = observed_data(observation, {f: np.asarray(frames[f])[None] for f in FIELDS},
+                             dict.fromkeys(FIELDS), frame_steps, n_steps, DTYPE)
+    data = ObservedData(  # drop the experiment axis: one experiment, as FitProblem does per vmap
+        {f: v[0] for f, v in observed.values.items()},
+        {f: w[0] for f, w in observed.weights.items()},
+        {f: s[0] for f, s in observed.scale.items()},
+        observed.slot_of_step,
+    )
+    return Setup(size, n_steps, dt, every, grid, system, x0, theta, data, frames, frame_steps,
+                 observation)
+
+
+def pdefit_chain(setup: Setup) -> LossChain:
+    """The loss chain, built as :meth:`pdefit.problem.FitProblem.chain` builds it."""
+    one_step = stepper(setup.system, setup.grid, "euler")
+    dt, observation = setup.dt, setup.observation
+
+    def step(state, params, n):
+        return one_step(state, params, n * dt, dt)
+
+    def cost(state, params, n, data):
+        return observation.cost(state, data, n)
+
+    return LossChain(step, cost)
+
+
+def make_schedule(name: str, snapshots: int, levels: int) -> StoreAll | Nested | Revolve:
+    if name == "store_all":
+        return StoreAll()
+    if name == "nested":
+        return Nested(levels)
+    if name == "revolve":
+        return Revolve(snapshots)
+    raise ValueError(f"unknown schedule {name!r}; choose from {SCHEDULES}")
+
+
+def pdefit_loss(setup: Setup, schedule: StoreAll | Nested | Revolve
+                ) -> Callable[[Pytree, Pytree, ObservedData], jax.Array]:
+    chain = pdefit_chain(setup)
+    n_steps = setup.n_steps
+
+    def loss(theta, x0, data):
+        return schedule.loss(chain, x0, theta, data, n_steps)
+
+    return loss
+
+
+def diffrax_loss(setup: Setup, checkpoints: int
+                 ) -> Callable[[Pytree, Pytree, dict[str, jax.Array]], jax.Array]:
+    import diffrax  # the `bench` extra; imported here so --no-diffrax works without it
+
+    system, grid = setup.system, setup.grid
+    term = diffrax.ODETerm(lambda t, y, args: system.rhs(y, args, t, grid))
+    ts = jnp.asarray(setup.frame_steps, DTYPE) * jnp.asarray(setup.dt, DTYPE)
+    t1 = setup.n_steps * setup.dt
+
+    def loss(theta, x0, frames):
+        solution = diffrax.diffeqsolve(
+            term, diffrax.Euler(), t0=0.0, t1=t1, dt0=setup.dt, y0=x0, args=theta,
+            saveat=diffrax.SaveAt(ts=ts),
+            adjoint=diffrax.RecursiveCheckpointAdjoint(checkpoints=checkpoints),
+            max_steps=setup.n_steps,
+        )
+        # pdefit's "mse": per field, the mean square error over all observed points and frames.
+        total = jnp.zeros((), DTYPE)
+        for f in FIELDS:
+            total = total + jnp.mean((solution.ys[f] - frames[f]) ** 2)
+        return total
+
+    return loss
+
+
+# ---------------------------------------------------------------------------------------------
+# Measuring.
+
+
+@dataclass
+class Timing:
+    compile_s: float
+    median_s: float | None
+    min_s: float | None
+    runs_s: list[float]
+    temp_bytes: int | None
+
+
+def compile_for(fn: Callable, args: Sequence[Any]) -> tuple[Any, float, int | None]:
+    """``jax.jit(fn)`` lowered and compiled for ``args``: (compiled, seconds, temp bytes)."""
+    start = time.perf_counter()
+    compiled = jax.jit(fn).lower(*args).compile()
+    seconds = time.perf_counter() - start
+    analysis = compiled.memory_analysis()
+    temp = None if analysis is None else int(analysis.temp_size_in_bytes)
+    return compiled, seconds, temp
+
+
+def measure(fn: Callable, args: Sequence[Any], repeats: int, run: bool = True,
+            compiled: tuple[Any, float, int | None] | None = None) -> tuple[Timing, Any]:
+    """Compile ``fn`` for ``args`` (or take ``compiled`` from :func:`compile_for`); unless
+    ``run`` is false, warm up once and time ``repeats`` runs. Returns the timing and the
+    warm-up output."""
+    executable, compile_s, temp = compiled or compile_for(fn, args)
+    if not run:
+        return Timing(compile_s, None, None, [], temp), None
+    out = jax.block_until_ready(executable(*args))
+    runs = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(executable(*args))
+        runs.append(time.perf_counter() - start)
+    return Timing(compile_s, statistics.median(runs), min(runs), runs, temp), out
+
+
+def max_relative_difference(a: Pytree, b: Pytree) -> float:
+    """Largest componentwise |a − b| / |b| over all leaves (|b| floored at the tiniest normal
+    float32, so exact zeros do not divide by zero)."""
+    worst = 0.0
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+        x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
+        rel = np.abs(x - y) / np.maximum(np.abs(y), np.finfo(np.float32).tiny)
+        worst = max(worst, float(rel.max()))
+    return worst
+
+
+@dataclass
+class Row:
+    size: int
+    n_steps: int
+    method: str
+    snapshots: int | None
+    forward: Timing
+    gradient: Timing
+    loss: float | None
+    grad_over_forward: float | None = None
+    revolve_bound: float | None = None
+    revolve_advances: int | None = None
+    over_diffrax: float | None = None
+    loss_rel_diff: float | None = None
+    grad_rel_diff: float | None = None
+    skipped: str | None = None
+
+
+def revolve_bound(n_steps: int, snapshots: int) -> tuple[float, int]:
+    """(N + extra)/N + 2 with extra the steps recomputed beyond the first sweep, and the plan's
+    total advances."""
+    advances = revolve_recomputations(n_steps, min(snapshots, n_steps))
+    extra = advances - (n_steps - 1)
+    return (n_steps + extra) / n_steps + 2.0, advances
+
+
+def run_configuration(size: int, n_steps: int, args: argparse.Namespace) -> list[Row]:
+    setup = make_setup(size, n_steps, args.dt, args.every)
+    argnums = (0, 1) if args.grad_x0 else 0
+    rows: list[Row] = []
+    gradients: dict[str, Any] = {}
+    losses: dict[str, float] = {}
+    state_bytes = sum(a.nbytes for a in setup.x0.values())
+
+    def log(message: str) -> None:
+        print(f"  [{size}² N={n_steps}] {message}", flush=True)
+
+    for name in args.schedules:
+        schedule = make_schedule(name, args.snapshots, args.nested_levels)
+        loss = pdefit_loss(setup, schedule)
+        inputs = (setup.theta, setup.x0, setup.data)
+        forward, value = measure(loss, inputs, args.repeats)
+        grad_fn = jax.value_and_grad(loss, argnums=argnums)
+        # Compile first; StoreAll runs only if its compiled gradient fits the memory limit.
+        compiled = compile_for(grad_fn, inputs)
+        skipped = None
+        temp = compiled[2]
+        if name == "store_all" and temp is not None and temp > args.max_store_all_gb * GiB:
+            skipped = f"temp {temp / GiB:.1f} GiB > --max-store-all-gb {args.max_store_all_gb}"
+        gradient, out = measure(grad_fn, inputs, args.repeats, run=not skipped,
+                                compiled=compiled)
+        if not skipped:
+            losses[name] = float(out[0])
+            gradients[name] = out[1]
+        row = Row(size, n_steps, name, args.snapshots if name == "revolve" else None,
+                  forward, gradient, float(value), skipped=skipped)
+        if gradient.median_s is not None:
+            row.grad_over_forward = gradient.median_s / forward.median_s
+        if name == "revolve":
+            row.revolve_bound, row.revolve_advances = revolve_bound(n_steps, args.snapshots)
+        rows.append(row)
+        log(f"{name}: forward {forward.median_s * 1e3:.0f} ms, gradient "
+            + ("skipped (" + skipped + ")" if skipped else f"{gradient.median_s * 1e3:.0f} ms")
+            + f", temp {gradient.temp_bytes / MiB:.1f} MiB (state {state_bytes / MiB:.2f} MiB)")
+
+    if not args.no_diffrax:
+        loss = diffrax_loss(setup, args.snapshots)
+        inputs = (setup.theta, setup.x0, setup.frames)
+        forward, value = measure(loss, inputs, args.repeats)
+        gradient, out = measure(jax.value_and_grad(loss, argnums=argnums), inputs, args.repeats)
+        losses["diffrax"] = float(out[0])
+        gradients["diffrax"] = out[1]
+        row = Row(size, n_steps, "diffrax", args.snapshots, forward, gradient, float(value),
+                  grad_over_forward=gradient.median_s / forward.median_s)
+        rows.append(row)
+        log(f"diffrax: forward {forward.median_s * 1e3:.0f} ms, gradient "
+            f"{gradient.median_s * 1e3:.0f} ms, temp {gradient.temp_bytes / MiB:.1f} MiB")
+        for r in rows[:-1]:
+            if r.gradient.median_s is not None:
+                r.over_diffrax = r.gradient.median_s / gradient.median_s
+
+    reference = next((s for s in ("store_all", "revolve", "nested") if s in gradients), None)
+    if reference is not None:
+        for r in rows:
+            if r.method in gradients:
+                r.loss_rel_diff = abs(losses[r.method] - losses[reference]) / abs(
+                    losses[reference])
+                r.grad_rel_diff = max_relative_difference(gradients[r.method],
+                                                          gradients[reference])
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# Reporting.
+
+
+def _fmt(x: float | None, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
+
+
+def table(rows: Sequence[Row]) -> str:
+    header = ("size", "N", "method", "s", "fwd ms", "grad ms", "grad/fwd", "bound", "/diffrax",
+              "temp MiB", "compile s", "loss rel", "grad rel")
+    lines = []
+    for r in rows:
+        lines.append((
+            f"{r.size}²", str(r.n_steps), r.method + (" *" if r.skipped else ""),
+            _fmt(r.snapshots, "d"),
+            _fmt(None if r.forward.median_s is None else r.forward.median_s * 1e3, ".1f"),
+            _fmt(None if r.gradient.median_s is None else r.gradient.median_s * 1e3, ".1f"),
+            _fmt(r.grad_over_forward, ".2f"), _fmt(r.revolve_bound, ".2f"),
+            _fmt(r.over_diffrax, ".2f"),
+            _fmt(None if r.gradient.temp_bytes is None else r.gradient.temp_bytes / MiB, ".1f"),
+            _fmt(r.gradient.compile_s, ".1f"), _fmt(r.loss_rel_diff, ".1e"),
+            _fmt(r.grad_rel_diff, ".1e"),
+        ))
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    left = {2}
+    def render(cells: Sequence[str]) -> str:
+        return "  ".join(c.ljust(w) if i in left else c.rjust(w)
+                         for i, (c, w) in enumerate(zip(cells, widths, strict=True)))
+    out = [render(header), "  ".join("-" * w for w in widths)]
+    previous = None
+    for r, line in zip(rows, lines, strict=True):
+        if previous is not None and (r.size, r.n_steps) != previous:
+            out.append("")
+        previous = (r.size, r.n_steps)
+        out.append(render(line))
+    return "\n".join(out)
+
+
+def targets(rows: Sequence[Row]) -> dict[str, Any]:
+    """The issue's three targets, evaluated on the Revolve rows."""
+    revolve = [r for r in rows if r.method == "revolve"]
+    speed, ratio, memory = [], [], {}
+    for r in revolve:
+        if r.over_diffrax is not None:
+            speed.append({"size": r.size, "n_steps": r.n_steps, "over_diffrax": r.over_diffrax,
+                          "ok": r.over_diffrax <= 0.7})
+        if r.grad_over_forward is not None and r.revolve_bound is not None:
+            ratio.append({"size": r.size, "n_steps": r.n_steps,
+                          "grad_over_forward": r.grad_over_forward,
+                          "bound": r.revolve_bound, "ok": r.grad_over_forward <= r.revolve_bound})
+        memory.setdefault(r.size, []).append(r.gradient.temp_bytes)
+    flat = {}
+    for size, temps in memory.items():
+        temps = [t for t in temps if t is not None]
+        if temps:
+            spread = max(temps) / min(temps)
+            flat[str(size)] = {"temp_bytes": temps, "max_over_min": spread, "ok": spread <= 1.1}
+    return {"grad_time_le_0.7_diffrax": speed, "grad_over_forward_le_bound": ratio,
+            "memory_flat_in_N": flat}
+
+
+def print_targets(result: dict[str, Any]) -> None:
+    def verdict(items: Sequence[dict[str, Any]]) -> str:
+        if not items:
+            return "not measured"
+        bad = [i for i in items if not i["ok"]]
+        return "met" if not bad else f"MISSED in {len(bad)} of {len(items)}"
+
+    print("\nTargets (Revolve):")
+    speed = result["grad_time_le_0.7_diffrax"]
+    print(f"  gradient time <= 0.7 x diffrax:      {verdict(speed)}"
+          + ("" if not speed else "  (ratios " + ", ".join(
+              f"{i['size']}²/{i['n_steps']}: {i['over_diffrax']:.2f}" for i in speed) + ")"))
+    print(f"  gradient/forward <= (N+extra)/N + 2: "
+          f"{verdict(result['grad_over_forward_le_bound'])}")
+    flat = result["memory_flat_in_N"]
+    print(f"  memory flat in N (max/min <= 1.1):   {verdict(list(flat.values()))}"
+          + "".join(f"  {size}²: {v['max_over_min']:.3f}" for size, v in flat.items()))
+
+
+def machine_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "jax": jax.__version__,
+        "backend": jax.default_backend(),
+        "devices": [str(d) for d in jax.devices()],
+        "device_kind": jax.devices()[0].device_kind,
+    }
+    try:
+        import diffrax
+        import equinox
+
+        info["diffrax"] = diffrax.__version__
+        info["equinox"] = equinox.__version__
+    except ImportError:
+        pass
+    return info
+
+
+def row_dict(r: Row) -> dict[str, Any]:
+    return asdict(r)
+
+
+def write_json(path: Path, args: argparse.Namespace, rows: Sequence[Row], complete: bool,
+               started: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    payload = {
+        "benchmark": "adjoint",
+        "command": [sys.executable, *sys.argv],
+        "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "machine": machine_info(),
+        "complete": complete,
+        "elapsed_s": time.perf_counter() - started,
+        "notes": {
+            "times": "seconds; median and min of `repeats` runs after one warm-up run",
+            "temp_bytes": "compiled.memory_analysis().temp_size_in_bytes of the gradient "
+                          "function (arguments and outputs not included)",
+            "revolve_bound": "(N + extra)/N + 2, extra = revolve_recomputations(N, s) - (N - 1)",
+            "diffrax": "frames saved with SaveAt(ts=observation times); they count in its temp",
+            "rel_diff": "against store_all, or revolve where store_all did not run",
+        },
+        "results": [row_dict(r) for r in rows],
+        "targets": targets(rows),
+    }
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2))
+    tmp.replace(path)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line.
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="pdefit adjoint schedules vs diffrax RecursiveCheckpointAdjoint on "
+                    "Aliev–Panfilov (float32).")
+    parser.add_argument("--sizes", type=int, nargs="+", default=[128, 256],
+                        help="grid sizes n (n×n)")
+    parser.add_argument("--steps", type=int, nargs="+", default=[500, 1000, 2000, 4000],
+                        help="numbers of time steps N")
+    parser.add_argument("--snapshots", type=int, default=32,
+                        help="Revolve snapshots and diffrax checkpoints")
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    parser.add_argument("--nested-levels", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up")
+    parser.add_argument("--dt", type=float, default=0.05)
+    parser.add_argument("--every", type=int, default=20, help="observation interval in steps")
+    parser.add_argument("--grad-x0", action="store_true",
+                        help="differentiate with respect to the initial field too")
+    parser.add_argument("--max-store-all-gb", type=float, default=4.0,
+                        help="do not run StoreAll where its gradient needs more temp memory")
+    parser.add_argument("--no-diffrax", action="store_true", help="pdefit schedules only")
+    parser.add_argument("--out", type=Path, default=Path("benchmarks/results/adjoint.json"))
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke test: size 64, N 200 400, 1 repeat (overrides --sizes, "
+                             "--steps, --repeats)")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.steps, args.repeats = [64], [200, 400], 1
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = parse_args(argv)
+    started = time.perf_counter()
+    info = machine_info()
+    print(f"jax {info['jax']} on {info['device_kind']} ({info['cpu_count']} CPUs), "
+          f"diffrax {info.get('diffrax', 'not installed')}; sizes {args.sizes}, N {args.steps}, "
+          f"s = {args.snapshots}, dt = {args.dt}, observe every {args.every} steps", flush=True)
+    rows: list[Row] = []
+    for size in args.sizes:
+        for n_steps in args.steps:
+            rows.extend(run_configuration(size, n_steps, args))
+            write_json(args.out, args, rows, complete=False, started=started)
+    write_json(args.out, args, rows, complete=True, started=started)
+    print()
+    print(table(rows))
+    print("(* = gradient compiled for its memory but not run; times are medians; 'grad rel' is "
+          "the largest componentwise relative gradient difference vs store_all)")
+    print_targets(targets(rows))
+    elapsed = time.perf_counter() - started
+    print(f"\nwrote {args.out} in {elapsed:.0f} s ({math.ceil(elapsed / 60)} min)")
+
+
+if __name__ == "__main__":
+    main()
