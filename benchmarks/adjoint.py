@@ -30,8 +30,11 @@ For every method it reports: compile time (lower + compile of the gradient funct
 time (the jitted loss alone), gradient time (the jitted ``value_and_grad``), their ratio, the
 temporary memory of the compiled gradient (``compiled.memory_analysis().temp_size_in_bytes``;
 inputs and outputs are not included), and for pdefit the gradient time relative to diffrax's.
-Times are the median (and min, in the JSON) of ``--repeats`` runs after one warm-up run, each
-ended by ``jax.block_until_ready``.
+Once per grid size it also times the two kernels every schedule is made of (one step with its
+cost, one step's VJP) in plain ``lax.scan`` loops; for Revolve the column ``/model`` divides the
+gradient time by advances × step + N × VJP, the work its plan cannot avoid, so what remains is
+executor overhead. Times are the median (and min, in the JSON) of ``--repeats`` runs after one
+warm-up run, each ended by ``jax.block_until_ready``.
 
 Targets (from the issue) checked at the end: Revolve gradient time ≤ 0.7 × diffrax at equal
 snapshots; Revolve gradient/forward ≤ (N + extra)/N + 2, where extra is the number of
@@ -264,6 +267,50 @@ def max_relative_difference(a: Pytree, b: Pytree) -> float:
 
 
 @dataclass
+class StepCosts:
+    """Per-step times of the two kernels every schedule is made of, from a plain ``lax.scan``
+    of ``n_steps`` steps: one step with its in-loop cost, and one step's VJP (recomputing the
+    step's linearisation, then the backward pass) with respect to the state and θ."""
+
+    n_steps: int
+    step_s: float
+    vjp_s: float
+
+
+def step_costs(setup: Setup, repeats: int, n_steps: int = 200) -> StepCosts:
+    chain = pdefit_chain(setup)
+    n_steps = min(n_steps, setup.n_steps)
+    steps = jnp.arange(n_steps)
+
+    def forward(theta, x0, data):
+        def body(carry, n):
+            x, total = carry
+            return (chain.step(x, theta, n), total + chain.cost(x, theta, n, data)), None
+
+        return jax.lax.scan(body, (x0, jnp.zeros((), DTYPE)), steps)[0]
+
+    def vjps(theta, x0, data):
+        def body(carry, n):
+            xbar, thetabar = carry
+
+            def transition(x, th):
+                return chain.step(x, th, n), chain.cost(x, th, n, data)
+
+            _, vjp = jax.vjp(transition, x0, theta)
+            xbar, step_thetabar = vjp((xbar, jnp.ones((), DTYPE)))
+            return (xbar, jax.tree.map(jnp.add, thetabar, step_thetabar)), None
+
+        zero = jax.tree.map(jnp.zeros_like, theta)
+        return jax.lax.scan(body, (x0, zero), steps)[0]
+
+    inputs = (setup.theta, setup.x0, setup.data)
+    forward_t, _ = measure(forward, inputs, repeats)
+    vjp_t, _ = measure(vjps, inputs, repeats)
+    assert forward_t.min_s is not None and vjp_t.min_s is not None
+    return StepCosts(n_steps, forward_t.min_s / n_steps, vjp_t.min_s / n_steps)
+
+
+@dataclass
 class Row:
     size: int
     n_steps: int
@@ -275,10 +322,12 @@ class Row:
     grad_over_forward: float | None = None
     revolve_bound: float | None = None
     revolve_advances: int | None = None
+    work_model_s: float | None = None
     over_diffrax: float | None = None
     loss_rel_diff: float | None = None
     grad_rel_diff: float | None = None
     skipped: str | None = None
+    load_avg: float | None = None
 
 
 def revolve_bound(n_steps: int, snapshots: int) -> tuple[float, int]:
@@ -289,8 +338,9 @@ def revolve_bound(n_steps: int, snapshots: int) -> tuple[float, int]:
     return (n_steps + extra) / n_steps + 2.0, advances
 
 
-def run_configuration(size: int, n_steps: int, args: argparse.Namespace) -> list[Row]:
-    setup = make_setup(size, n_steps, args.dt, args.every)
+def run_configuration(setup: Setup, costs: StepCosts | None, args: argparse.Namespace
+                      ) -> list[Row]:
+    size, n_steps = setup.size, setup.n_steps
     argnums = (0, 1) if args.grad_x0 else 0
     rows: list[Row] = []
     gradients: dict[str, Any] = {}
@@ -323,6 +373,10 @@ def run_configuration(size: int, n_steps: int, args: argparse.Namespace) -> list
             row.grad_over_forward = gradient.median_s / forward.median_s
         if name == "revolve":
             row.revolve_bound, row.revolve_advances = revolve_bound(n_steps, args.snapshots)
+            if costs is not None:
+                # The work the plan cannot avoid: every advance, plus one VJP per step.
+                row.work_model_s = (row.revolve_advances * costs.step_s
+                                    + n_steps * costs.vjp_s)
         rows.append(row)
         log(f"{name}: forward {forward.median_s * 1e3:.0f} ms, gradient "
             + ("skipped (" + skipped + ")" if skipped else f"{gradient.median_s * 1e3:.0f} ms")
@@ -352,6 +406,9 @@ def run_configuration(size: int, n_steps: int, args: argparse.Namespace) -> list
                     losses[reference])
                 r.grad_rel_diff = max_relative_difference(gradients[r.method],
                                                           gradients[reference])
+    load = os.getloadavg()[0]
+    for r in rows:
+        r.load_avg = load
     return rows
 
 
@@ -365,7 +422,7 @@ def _fmt(x: float | None, spec: str) -> str:
 
 def table(rows: Sequence[Row]) -> str:
     header = ("size", "N", "method", "s", "fwd ms", "grad ms", "grad/fwd", "bound", "/diffrax",
-              "temp MiB", "compile s", "loss rel", "grad rel")
+              "/model", "temp MiB", "compile s", "loss rel", "grad rel")
     lines = []
     for r in rows:
         lines.append((
@@ -375,6 +432,8 @@ def table(rows: Sequence[Row]) -> str:
             _fmt(None if r.gradient.median_s is None else r.gradient.median_s * 1e3, ".1f"),
             _fmt(r.grad_over_forward, ".2f"), _fmt(r.revolve_bound, ".2f"),
             _fmt(r.over_diffrax, ".2f"),
+            _fmt(None if r.work_model_s is None or r.gradient.median_s is None
+                 else r.gradient.median_s / r.work_model_s, ".2f"),
             _fmt(None if r.gradient.temp_bytes is None else r.gradient.temp_bytes / MiB, ".1f"),
             _fmt(r.gradient.compile_s, ".1f"), _fmt(r.loss_rel_diff, ".1e"),
             _fmt(r.grad_rel_diff, ".1e"),
@@ -462,8 +521,8 @@ def row_dict(r: Row) -> dict[str, Any]:
     return asdict(r)
 
 
-def write_json(path: Path, args: argparse.Namespace, rows: Sequence[Row], complete: bool,
-               started: float) -> None:
+def write_json(path: Path, args: argparse.Namespace, rows: Sequence[Row],
+               costs: dict[int, StepCosts], complete: bool, started: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "adjoint",
@@ -479,7 +538,12 @@ def write_json(path: Path, args: argparse.Namespace, rows: Sequence[Row], comple
             "revolve_bound": "(N + extra)/N + 2, extra = revolve_recomputations(N, s) - (N - 1)",
             "diffrax": "frames saved with SaveAt(ts=observation times); they count in its temp",
             "rel_diff": "against store_all, or revolve where store_all did not run",
+            "work_model_s": "revolve: advances x step_s + N x vjp_s from step_costs, the work "
+                            "the plan cannot avoid; gradient time / work_model_s is overhead",
+            "load_avg": "1-minute load average after the configuration (other processes on "
+                        "the machine make times noisy when it exceeds the core count)",
         },
+        "step_costs": {str(size): asdict(c) for size, c in costs.items()},
         "results": [row_dict(r) for r in rows],
         "targets": targets(rows),
     }
@@ -532,15 +596,24 @@ def main(argv: Sequence[str] | None = None) -> None:
           f"diffrax {info.get('diffrax', 'not installed')}; sizes {args.sizes}, N {args.steps}, "
           f"s = {args.snapshots}, dt = {args.dt}, observe every {args.every} steps", flush=True)
     rows: list[Row] = []
+    costs: dict[int, StepCosts] = {}
     for size in args.sizes:
         for n_steps in args.steps:
-            rows.extend(run_configuration(size, n_steps, args))
-            write_json(args.out, args, rows, complete=False, started=started)
-    write_json(args.out, args, rows, complete=True, started=started)
+            setup = make_setup(size, n_steps, args.dt, args.every)
+            if size not in costs:
+                c = costs[size] = step_costs(setup, args.repeats)
+                print(f"  [{size}²] one step {c.step_s * 1e6:.1f} us, one step's VJP "
+                      f"{c.vjp_s * 1e6:.1f} us (= {c.vjp_s / c.step_s:.2f} steps)", flush=True)
+            rows.extend(run_configuration(setup, costs[size], args))
+            write_json(args.out, args, rows, costs, complete=False, started=started)
+    write_json(args.out, args, rows, costs, complete=True, started=started)
     print()
     print(table(rows))
-    print("(* = gradient compiled for its memory but not run; times are medians; 'grad rel' is "
-          "the largest componentwise relative gradient difference vs store_all)")
+    print("times are medians; grad/fwd = gradient time / the same method's forward time; bound ="
+          " (N + extra)/N + 2; /diffrax = gradient time / diffrax's;\n/model = gradient time / "
+          "(advances x one step + N x one step's VJP), the work Revolve cannot avoid; loss rel,"
+          " grad rel = largest\nrelative difference vs store_all (revolve where store_all did not"
+          " run); * = compiled for its memory, not run")
     print_targets(targets(rows))
     elapsed = time.perf_counter() - started
     print(f"\nwrote {args.out} in {elapsed:.0f} s ({math.ceil(elapsed / 60)} min)")

@@ -192,8 +192,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
             raise ConfigError(f"fit.initial_fields: {name}={source} — fields are "
                               f"{list(system.fields)}, sources are data or fit")
     fitted_fields = tuple(f for f in system.fields if fit_fields.get(f) == "fit")
-    needed = sorted(set(obs_cfg.fields) | {f for f in system.fields if f not in fitted_fields})
-    zd.validate_dataset(ds, system=system.name, fields=needed, grid_shape=grid.shape,
+    zd.validate_dataset(ds, system=system.name, fields=list(obs_cfg.fields), grid_shape=grid.shape,
                         grid_spacing=grid.spacing, boundaries=grid.boundaries,
                         check_finite=obs_cfg.nan == "error")
     meta = ds.meta

@@ -28,9 +28,13 @@ AP96 = {"D": 1.0, "k": 8.0, "a": 0.15, "b": 0.15, "eps0": 0.002, "mu1": 0.2, "mu
 
 @dataclass(frozen=True)
 class AlievPanfilov:
-    """Two-variable excitable medium; ``laplacian`` is ``"5pt"`` or ``"9pt"``."""
+    """Two-variable excitable medium. ``laplacian`` is ``"5pt"`` or ``"9pt"``; ``initial`` picks
+    the initial-state generator: ``"spiral"`` (S1–S2, needs tissue of about a wavelength) or
+    ``"blobs"`` (random excited and refractory discs; active for a few time units on any
+    grid, for small test problems)."""
 
     laplacian: str = "5pt"
+    initial: str = "spiral"
 
     name: ClassVar[str] = "aliev_panfilov"
     fields: ClassVar[tuple[str, ...]] = ("u", "v")
@@ -49,6 +53,9 @@ class AlievPanfilov:
         if self.laplacian not in LAPLACIANS:
             raise ValueError(f"unknown Laplacian {self.laplacian!r}; choose one of "
                              f"{sorted(LAPLACIANS)}")
+        if self.initial not in ("spiral", "blobs"):
+            raise ValueError(f"unknown initial-state generator {self.initial!r}; choose "
+                             "spiral or blobs")
 
     def rhs(self, state, params, t, grid: Grid):
         u, v = state["u"], state["v"]
@@ -69,6 +76,28 @@ class AlievPanfilov:
         return 0.95 * min(diffusion_reaction, recovery)
 
     def initial_state(self, grid: Grid, params, seed: int, dt: float | None = None):
+        if self.initial == "blobs":
+            return self.blobs_state(grid, seed)
+        return self.spiral_state(grid, params, seed, dt)
+
+    def blobs_state(self, grid: Grid, seed: int, n_blobs: int = 3):
+        """Excited discs (u = 1) beside refractory discs (v ≈ 1), at seeded random places:
+        waves start at once and are partly blocked, so a short window is informative."""
+        rng = np.random.default_rng(seed)
+        y, x = grid.coordinates()
+        radius = 0.15 * min(grid.extent)
+        u = jnp.zeros(grid.shape)
+        v = jnp.zeros(grid.shape)
+        for _ in range(n_blobs):
+            cy, cx = rng.uniform(0, grid.extent[0]), rng.uniform(0, grid.extent[1])
+            r2 = ((y[:, None] - cy) ** 2 + (x[None, :] - cx) ** 2) / radius**2
+            u = jnp.maximum(u, jnp.exp(-(r2**2)))
+            cy, cx = rng.uniform(0, grid.extent[0]), rng.uniform(0, grid.extent[1])
+            r2 = ((y[:, None] - cy) ** 2 + (x[None, :] - cx) ** 2) / (1.5 * radius) ** 2
+            v = jnp.maximum(v, rng.uniform(0.5, 1.5) * jnp.exp(-r2))
+        return {"u": u, "v": v}
+
+    def spiral_state(self, grid: Grid, params, seed: int, dt: float | None = None):
         """A spiral wave by S1–S2 cross-field stimulation: a plane wave from the left edge (S1);
         when its back has passed a probe point, a stimulus over one half of the tissue (S2)
         excites only the recovered part, is blocked by the refractory tail, and its free end

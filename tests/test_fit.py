@@ -1,0 +1,172 @@
+"""End to end through the configs: the embedded default fit, the simulate → Zarr → fit path,
+the gradient check command, and every bad input rejected before anything is compiled."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+
+from pdefit import assemble, cli
+from pdefit import data as zd
+from pdefit.params import ParameterError
+from pdefit.system import UnstableTimeStepError
+
+CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
+
+# A small, fast variant of the default problem (Neumann 20×20, a few frames).
+SMALL = ["system.grid.shape=[20,20]", "+system.options.initial=blobs", "simulate.n_frames=4", "simulate.steps_per_frame=10",
+         "simulate.noise.kind=none", "run.progress=false", "run.plots=false"]
+
+
+def config(tmp_path: Path, *overrides: str, name: str = "fit"):
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name=name, overrides=[f"run.dir={tmp_path}", *overrides]
+                       if name == "fit" else list(overrides))
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if the optimiser loop (where compilation happens) is ever reached."""
+    def forbidden(*args, **kwargs):
+        raise AssertionError("bad input reached the training loop")
+    monkeypatch.setattr(cli, "run_fit", forbidden)
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory) -> Path:
+    """A simulated 20×20 AP dataset (4 frames) shared by the bad-input tests."""
+    tmp = tmp_path_factory.mktemp("data")
+    cfg = config(tmp, *SMALL)
+    dtype = assemble.set_precision("float32")
+    path = assemble.simulate_dataset(cfg, tmp / "ap.zarr", dtype, log=lambda _: None)
+    jax.config.update("jax_enable_x64", True)
+    return path
+
+
+def test_default_fit_recovers_parameters(tmp_path):
+    """The README's run command: AP on 64×64 with noisy data, six parameters from ±50 %."""
+    summary = cli.fit(config(tmp_path, "run.progress=false"))
+    assert summary["mean_rel_error"] <= 0.01, summary["parameters"]
+    starts = [row["start_rel_error"] for row in summary["parameters"]]
+    assert np.mean(starts) > 0.2  # it really started far away
+    for name in ("summary.json", "metrics.jsonl", "loss.png", "fields.png", "config.yaml"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    saved = json.loads((tmp_path / "summary.json").read_text())
+    assert {r["name"] for r in saved["parameters"]} == {"k", "a", "b", "eps0", "mu1", "mu2"}
+    first = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert set(first["params"]) == {"k", "a", "b", "eps0", "mu1", "mu2"}
+
+
+def test_fit_from_zarr_with_store_all_and_adam(tmp_path, small_dataset):
+    """A dataset written by the simulator is read back and fitted (float64, adam)."""
+    cfg = config(tmp_path, *SMALL, f"data.path={small_dataset}", "adjoint=store_all",
+                 "optim=adam", "optim.steps=60", "optim.lr=0.05", "fit.params=[k,a]",
+                 "precision=float64")
+    summary = cli.fit(cfg)
+    assert summary["final_loss"] < 1e-2 * summary["initial_loss"]
+    assert summary["mean_rel_error"] < 0.02
+
+
+def test_xarray_opens_simulated_dataset(small_dataset):
+    xr = pytest.importorskip("xarray")
+    ds = xr.open_zarr(small_dataset, consolidated=False)
+    assert ds["u"].dims == ("experiment", "time", "y", "x")
+    assert ds["u"].shape == (1, 4, 20, 20)
+    meta = zd.open_dataset(small_dataset).meta
+    assert meta.true_params["k"] == 8.0 and meta.system == "aliev_panfilov"
+    np.testing.assert_allclose(ds["t"].values, [0.0, 0.5, 1.0, 1.5])
+
+
+def test_gradcheck_command_prints_second_order_table(tmp_path, small_dataset, capsys):
+    cfg = config(tmp_path, *SMALL, f"data.path={small_dataset}", "precision=float64",
+                 "+fit.initial_fields.v=fit")
+    rows = cli.gradcheck(cfg)
+    orders = [r["order"] for r in rows[1:]]
+    assert all(1.7 < o < 2.3 for o in orders), rows
+    assert "order" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad input: each case raises a message naming the problem, before the training loop.
+
+BAD_INPUT = [
+    (["system.name=nonesuch"], assemble.ConfigError, "unknown system 'nonesuch'"),
+    (["fit.params=[k,zeta]"], assemble.ConfigError, r"unknown parameter\(s\) \['zeta'\]"),
+    (["+system.params.zeta=1.0"], assemble.ConfigError, r"unknown parameter\(s\) \['zeta'\]"),
+    (["system.grid.shape=[24,20]"], zd.DatasetError, "grid shape mismatch"),
+    (["system.grid.spacing=[0.9,0.9]"], zd.DatasetError, "grid spacing mismatch"),
+    (["observe.fields=[u,w]"], assemble.ConfigError, r"unknown field\(s\) \['w'\]"),
+    (["system.dt=0.5"], UnstableTimeStepError, "exceeds the stability limit"),
+    (["+fit.start.a=1.5", "fit.params=[a]"], assemble.ConfigError, "outside its bounds"),
+    (["+fit.start.eps0=-0.1", "fit.params=[eps0]"], assemble.ConfigError, "needs a value > 0"),
+    (["data.frames=[]"], assemble.ConfigError, "data.frames"),
+    (["system.dt=0.03"], assemble.ConfigError, "not a multiple of system.dt"),
+    (["adjoint.snapshots=0"], assemble.ConfigError, "adjoint.snapshots"),
+    (["system.integrator=rush_larsen"], assemble.ConfigError, "no gating variables"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "error", "message"), BAD_INPUT,
+                         ids=[" ".join(o[0]) for o in BAD_INPUT])
+def test_bad_input_is_rejected_before_training(tmp_path, small_dataset, no_training,
+                                               overrides, error, message):
+    cfg = config(tmp_path, *SMALL, f"data.path={small_dataset}", *overrides)
+    with pytest.raises(error, match=message):
+        cli.fit(cfg)
+
+
+def test_misspelt_config_key_is_an_error(tmp_path):
+    with pytest.raises(ConfigCompositionException):
+        config(tmp_path, "optim.lrr=0.1")
+    with pytest.raises(ConfigCompositionException):
+        config(tmp_path, "optim.steps=many")
+
+
+def test_missing_dataset_and_missing_field(tmp_path, no_training):
+    with pytest.raises(zd.DatasetError):
+        cli.fit(config(tmp_path, *SMALL, f"data.path={tmp_path / 'nothing.zarr'}"))
+    # A dataset that only has u cannot provide the initial v unless v is fitted.
+    meta = zd.DatasetMeta(system="aliev_panfilov", fields=("u",), grid_shape=(20, 20),
+                          grid_spacing=(1.0, 1.0), boundaries=("neumann", "neumann"), dt=0.05,
+                          steps_per_frame=10, t0=0.0, n_frames=3, n_experiments=1)
+    path = tmp_path / "u_only.zarr"
+    zd.write_dataset(path, meta, {"u": np.zeros((1, 3, 20, 20), np.float32)})
+    with pytest.raises(zd.DatasetError, match=r"no observed field\(s\) \['v'\]"):
+        cli.fit(config(tmp_path, *SMALL, f"data.path={path}"))
+    with pytest.raises(assemble.ConfigError, match="fit.initial_fields.v=fit"):
+        cli.fit(config(tmp_path, *SMALL, f"data.path={path}", "observe.fields=[u]"))
+
+
+def test_nan_in_data_outside_mask_is_rejected_and_maskable(tmp_path, monkeypatch):
+    meta = zd.DatasetMeta(system="aliev_panfilov", fields=("u", "v"), grid_shape=(20, 20),
+                          grid_spacing=(1.0, 1.0), boundaries=("neumann", "neumann"), dt=0.05,
+                          steps_per_frame=10, t0=0.0, n_frames=3, n_experiments=1)
+    u = np.full((1, 3, 20, 20), 0.1, np.float32)
+    u[0, 2, 5, 7] = np.nan
+    path = tmp_path / "nan.zarr"
+    zd.write_dataset(path, meta, {"u": u, "v": np.zeros_like(u)})
+    forbidden = pytest.fail
+    monkeypatch.setattr(cli, "run_fit", lambda *a, **k: forbidden("reached training"))
+    with pytest.raises(zd.DatasetError, match="NaN"):
+        cli.fit(config(tmp_path, *SMALL, f"data.path={path}"))
+    # With observe.nan=mask the NaN is a missing value: the build succeeds and weights it out.
+    cfg = config(tmp_path, *SMALL, f"data.path={path}", "observe.nan=mask")
+    setup = assemble.build_fit(cfg, path, assemble.set_precision("float64"))
+    weights = np.asarray(setup.batch.observed.weights["u"])
+    assert weights[0, 2, 5, 7] == 0 and weights.sum() == weights.size - 1
+    assert np.all(np.isfinite(np.asarray(setup.batch.observed.values["u"])))
+
+
+def test_parameter_layout_rejects_unknown_transform():
+    from pdefit.params import ParamSpec
+    with pytest.raises(ParameterError, match="unknown transform"):
+        ParamSpec(1.0, "sqrt")
+    assert math.isclose(float(ParamSpec(0.3, "bounded", 0.0, 1.0).to_physical(
+        ParamSpec(0.3, "bounded", 0.0, 1.0).to_unconstrained(0.3))), 0.3)
