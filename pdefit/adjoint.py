@@ -307,7 +307,7 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
 
         carry = (x0, jnp.asarray(0, jnp.int32), snaps, slot_steps, jnp.zeros((), dtype))
         carry = _run_actions(forward_kinds, forward_args, {ADVANCE: advance, STORE: store}, carry)
-        x, i, snaps, slot_steps, total = carry
+        x, _i, snaps, slot_steps, total = carry
         last, last_vjp = jax.vjp(lambda x_, th: last_transition(x_, th, data), x, theta)
         return total + last, (snaps, slot_steps, last_vjp, theta, data)
 

@@ -13,7 +13,6 @@ from typing import Any
 
 import hydra
 import jax
-import jax.numpy as jnp
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
@@ -147,4 +146,3 @@ def gradcheck_main(cfg: DictConfig) -> None:
     gradcheck(cfg)
 
 
-__all__ = ["fit", "fit_main", "gradcheck", "gradcheck_main", "simulate_main", "jnp"]

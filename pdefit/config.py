@@ -78,7 +78,8 @@ class PerturbConfig:
 class FitSpecConfig:
     params: list[str] = field(default_factory=list)  # names of fitted parameters
     start: dict[str, float] = field(default_factory=dict)  # explicit starting values
-    perturb: PerturbConfig | None = field(default_factory=PerturbConfig)  # start = ref × U(low, high)
+    # start = reference × U(low, high), the reference being the dataset truth when known
+    perturb: PerturbConfig | None = field(default_factory=PerturbConfig)
     transforms: dict[str, str] = field(default_factory=dict)  # per-parameter override
     initial_fields: dict[str, str] = field(default_factory=dict)  # field -> data | fit
 

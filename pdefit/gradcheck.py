@@ -9,7 +9,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 def random_direction(theta: Any, seed: int = 0) -> Any:
@@ -44,4 +43,3 @@ def taylor_test(loss: Callable[[Any], Any], grad: Callable[[Any], Any], theta: A
     return rows
 
 
-__all__ = ["random_direction", "taylor_test", "np"]

@@ -112,7 +112,8 @@ def simulate(step: Step, state: State, params: Params, t0: Any, dt: Any, n_steps
     initial state first), stacked along a new leading axis. Both loops are ``lax.scan``; use
     this to make data and forecasts — fitting never materialises a trajectory."""
     if n_steps % steps_per_frame:
-        raise ValueError(f"n_steps={n_steps} is not a multiple of steps_per_frame={steps_per_frame}")
+        raise ValueError(f"n_steps={n_steps} is not a multiple of "
+                         f"steps_per_frame={steps_per_frame}")
 
     def one_step(carry, _):
         x, n = carry

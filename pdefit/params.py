@@ -38,7 +38,8 @@ class ParamSpec:
 
     def __post_init__(self) -> None:
         if self.transform not in TRANSFORMS:
-            raise ParameterError(f"unknown transform {self.transform!r}; choose one of {TRANSFORMS}")
+            raise ParameterError(
+                f"unknown transform {self.transform!r}; choose one of {TRANSFORMS}")
         if self.transform == "bounded" and not (
             math.isfinite(self.lower) and math.isfinite(self.upper) and self.lower < self.upper
         ):

@@ -102,7 +102,8 @@ class FitProblem:
         total = jnp.zeros(())
         if reg.params:
             for name, z in theta["params"].items():
-                z_default = self.layout.specs[name].to_unconstrained(self.layout.specs[name].default)
+                spec = self.layout.specs[name]
+                z_default = spec.to_unconstrained(spec.default)
                 total = total + reg.params * (z - z_default) ** 2
         if reg.fields:
             for field in theta.get("fields", {}).values():

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 from .config import OptimConfig
 
 
-class TrainingDiverged(RuntimeError):
+class TrainingDivergedError(RuntimeError):
     """Too many consecutive non-finite losses or gradients."""
 
 
@@ -92,7 +92,8 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Call
             value_fn=lambda theta: loss(theta, batch))
         updates = jax.tree.map(lambda u: state.lr_scale * u, updates)
         theta = optax.apply_updates(state.theta, updates)
-        return TrainState(state.step + 1, theta, opt_state, state.lr_scale), value, grad_norm, finite
+        candidate = TrainState(state.step + 1, theta, opt_state, state.lr_scale)
+        return candidate, value, grad_norm, finite
 
     return update
 
@@ -118,7 +119,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             if not bool(finite):
                 history.nan_failures += 1
                 if history.nan_failures > cfg.max_nan_failures:
-                    raise TrainingDiverged(
+                    raise TrainingDivergedError(
                         f"loss or gradient not finite at step {int(state.step)} "
                         f"{history.nan_failures} times; last learning-rate scale "
                         f"{float(state.lr_scale):.3g}. Lower optim.lr or check dt and the data.")

@@ -115,7 +115,7 @@ class AlievPanfilov:
         state = {"u": jnp.broadcast_to(s1, grid.shape), "v": jnp.zeros(grid.shape)}
 
         def until_back_passed(carry):
-            _, _, excited, back_passed = carry
+            _, _, _excited, back_passed = carry
             return ~back_passed
 
         def one_step(carry):
@@ -129,7 +129,7 @@ class AlievPanfilov:
         state = jax.jit(lambda c: jax.lax.while_loop(until_back_passed, one_step, c))(carry)[0]
         rows = jnp.arange(ny)[:, None] < int(rng.uniform(0.4, 0.6) * ny)
         state = {"u": jnp.where(rows, 1.0, state["u"]), "v": state["v"]}
-        settle = int(round(rng.uniform(40.0, 60.0) / dt))
+        settle = round(rng.uniform(40.0, 60.0) / dt)
         state = jax.tree.map(lambda f: f[-1], simulate(step, state, p, 0.0, dt, settle, settle))
         if rng.uniform() < 0.5:  # mirror for variety; the physics is symmetric
             state = jax.tree.map(lambda f: f[::-1, :], state)

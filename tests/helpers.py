@@ -15,6 +15,8 @@ from pdefit.problem import Batch, FitProblem
 from pdefit.system import stepper
 from systems.aliev_panfilov import AP96, AlievPanfilov
 
+STORE_ALL = StoreAll()
+
 
 def ap_state(grid: Grid, seed: int = 0, n_exp: int = 1):
     """A cheap active AP state: smooth random bumps of excitation and recovery."""
@@ -30,7 +32,7 @@ def ap_state(grid: Grid, seed: int = 0, n_exp: int = 1):
 
 
 def ap_problem(shape=(12, 12), boundaries=("neumann", "neumann"), n_steps=40, every=5,
-               fitted=("k", "a", "eps0", "mu1"), fit_fields=(), schedule=StoreAll(),
+               fitted=("k", "a", "eps0", "mu1"), fit_fields=(), schedule=STORE_ALL,
                n_exp=1, integrator="euler", dtype=jnp.float64, observe=("u", "v"),
                noise=0.0):
     """An AP problem with synthetic data from the true parameters; returns

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from functools import lru_cache
+from functools import cache
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ from tests.helpers import ap_problem
 # The plan.
 
 
-@lru_cache(maxsize=None)
+@cache
 def brute_force_cost(m: int, s: int) -> int:
     """Minimal advances to reverse m steps with s snapshots, by exhaustive search."""
     if m <= 1:

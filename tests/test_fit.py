@@ -21,7 +21,8 @@ from pdefit.system import UnstableTimeStepError
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 
 # A small, fast variant of the default problem (Neumann 20×20, a few frames).
-SMALL = ["system.grid.shape=[20,20]", "+system.options.initial=blobs", "simulate.n_frames=4", "simulate.steps_per_frame=10",
+SMALL = ["system.grid.shape=[20,20]", "+system.options.initial=blobs", "simulate.n_frames=4",
+         "simulate.steps_per_frame=10",
          "simulate.noise.kind=none", "run.progress=false", "run.plots=false"]
 
 
@@ -140,7 +141,7 @@ def test_missing_dataset_and_missing_field(tmp_path, no_training):
     zd.write_dataset(path, meta, {"u": np.zeros((1, 3, 20, 20), np.float32)})
     with pytest.raises(zd.DatasetError, match=r"no observed field\(s\) \['v'\]"):
         cli.fit(config(tmp_path, *SMALL, f"data.path={path}"))
-    with pytest.raises(assemble.ConfigError, match="fit.initial_fields.v=fit"):
+    with pytest.raises(assemble.ConfigError, match=r"fit\.initial_fields\.v=fit"):
         cli.fit(config(tmp_path, *SMALL, f"data.path={path}", "observe.fields=[u]"))
 
 
