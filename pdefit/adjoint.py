@@ -123,8 +123,8 @@ def _scan(chain: LossChain, x0: State, theta: Theta, data: Data, start: Any, len
         total = total + chain.cost(x, theta, n, data)
         return (chain.step(x, theta, n), total), None
 
-    zero = jnp.zeros((), _cost_dtype(chain, x0, theta, data))
-    (x, total), _ = jax.lax.scan(body, (x0, zero), start + jnp.arange(length))
+    (x, total), _ = jax.lax.scan(body, (x0, _zero_cost(chain, x0, theta, data)),
+                                 start + jnp.arange(length))
     return x, total
 
 
@@ -143,17 +143,19 @@ def _nested(chain, x0, theta, data, start, length, levels):
         x, part = one_block(x, first)
         return (x, total + part), None
 
-    zero = jnp.zeros((), _cost_dtype(chain, x0, theta, data))
     firsts = start + block * jnp.arange(n_blocks)
-    (x, total), _ = jax.lax.scan(body, (x0, zero), firsts)
+    (x, total), _ = jax.lax.scan(body, (x0, _zero_cost(chain, x0, theta, data)), firsts)
     if remainder:
         x, part = _nested(chain, x, theta, data, start + n_blocks * block, remainder, levels - 1)
         total = total + part
     return x, total
 
 
-def _cost_dtype(chain, x0, theta, data):
-    return jax.eval_shape(lambda: chain.cost(x0, theta, jnp.asarray(0), data)).dtype
+def _zero_cost(chain, x0, theta, data):
+    """A zero to start summing costs from, of the cost's dtype and typed like a reduction of
+    the state (inside ``shard_map`` a loop carry must keep one "varying" type throughout)."""
+    dtype = jax.eval_shape(lambda: chain.cost(x0, theta, jnp.asarray(0), data)).dtype
+    return jnp.sum(jax.tree.leaves(x0)[0][..., :0]).astype(dtype)
 
 
 # --------------------------------------------------------------------------------------------
@@ -266,10 +268,12 @@ def revolve_plan(n_steps: int, snapshots: int) -> RevolvePlan:
 def _revolve_loss(chain: LossChain, plan: RevolvePlan):
     """J(x0, θ, data) with a custom VJP that follows ``plan``."""
     n = plan.n_steps
-    forward_kinds = jnp.asarray(plan.kinds[: plan.first_reverse])
-    forward_args = jnp.asarray(plan.args[: plan.first_reverse])
-    backward_kinds = jnp.asarray(plan.kinds[plan.first_reverse + 1 :])
-    backward_args = jnp.asarray(plan.args[plan.first_reverse + 1 :])
+    # Kept as NumPy: they become constants of whichever trace runs them (fwd and bwd are
+    # traced separately, so a device array made here could leak between traces).
+    forward_kinds = plan.kinds[: plan.first_reverse]
+    forward_args = plan.args[: plan.first_reverse]
+    backward_kinds = plan.kinds[plan.first_reverse + 1 :]
+    backward_args = plan.args[plan.first_reverse + 1 :]
 
     def transition(x, theta, i, data):
         """One step and the cost of the state it starts from."""
@@ -285,8 +289,9 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
         return total + chain.cost(x, theta, n, data)
 
     def forward(x0, theta, data):
-        dtype = _cost_dtype(chain, x0, theta, data)
-        snaps = jax.tree.map(lambda a: jnp.zeros((plan.snapshots, *a.shape), a.dtype), x0)
+        # Buffers derived from x0 so that they carry its sharding type inside shard_map.
+        snaps = jax.tree.map(
+            lambda a: jnp.broadcast_to(jnp.zeros_like(a), (plan.snapshots, *a.shape)), x0)
         slot_steps = jnp.zeros((plan.snapshots,), jnp.int32)
 
         def advance(carry, count):
@@ -305,7 +310,8 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
             snaps = jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
             return x, i, snaps, slot_steps.at[slot].set(i), total
 
-        carry = (x0, jnp.asarray(0, jnp.int32), snaps, slot_steps, jnp.zeros((), dtype))
+        carry = (x0, jnp.asarray(0, jnp.int32), snaps, slot_steps,
+                 _zero_cost(chain, x0, theta, data))
         carry = _run_actions(forward_kinds, forward_args, {ADVANCE: advance, STORE: store}, carry)
         x, _i, snaps, slot_steps, total = carry
         last, last_vjp = jax.vjp(lambda x_, th: last_transition(x_, th, data), x, theta)
@@ -367,6 +373,7 @@ def _run_actions(kinds, args, handlers: dict[int, Callable], carry):
     """Execute an action list with one ``while_loop``; ``handlers[kind](carry, arg)``."""
     if kinds.shape[0] == 0:
         return carry
+    kinds, args = jnp.asarray(kinds), jnp.asarray(args)
     order = sorted(handlers)
     branch_of = np.full(len(ACTION_NAMES), -1, np.int32)
     branch_of[order] = np.arange(len(order))

@@ -76,8 +76,16 @@ class Observation:
         return jax.lax.cond(
             slot >= 0,
             lambda: self.misfit(state, data, jnp.maximum(slot, 0)),
-            lambda: jnp.zeros((), jnp.result_type(*jax.tree.leaves(state))),
+            lambda: zero_like_state(state),
         )
+
+
+def zero_like_state(state) -> jnp.ndarray:
+    """A scalar zero that is typed like a reduction of the state: inside ``shard_map`` it is
+    "varying" over the same mesh axes as the state (a plain ``zeros(())`` is not, and control
+    flow then refuses to join the two), and it costs nothing (a sum over an empty slice)."""
+    leaf = jax.tree.leaves(state)[0]
+    return jnp.sum(leaf[..., :0, :0])
 
 
 def observed_data(observation: Observation, values: Mapping[str, np.ndarray],

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from .adjoint import LossChain, Schedule
+from .domain import FIELD, FRAMES, PER_EXPERIMENT, REPLICATED, Domain, TileGrid
 from .grid import Grid
 from .observe import Observation, ObservedData
 from .params import ParameterLayout
@@ -50,6 +51,7 @@ class FitProblem:
     fitted_fields: tuple[str, ...] = ()
     t0: float = 0.0
     regularization: Regularization = Regularization()
+    domain: Domain | None = None  # None: one device; else tiles and experiments over a mesh
 
     def __post_init__(self) -> None:
         unknown = [f for f in (*self.fitted_fields, *self.observation.fields)
@@ -60,9 +62,10 @@ class FitProblem:
 
     # -- pieces ---------------------------------------------------------------------------------
 
-    def chain(self) -> LossChain:
-        """The loss chain of one experiment; its θ is the dict of physical parameters."""
-        one_step = stepper(self.system, self.grid, self.integrator)
+    def chain(self, grid: Grid | TileGrid | None = None) -> LossChain:
+        """The loss chain of one experiment (on one tile when ``grid`` is a tile); its θ is the
+        dict of physical parameters."""
+        one_step = stepper(self.system, grid or self.grid, self.integrator)
         dt, t0, observation = self.dt, self.t0, self.observation
 
         def step(state, params, n):
@@ -84,18 +87,33 @@ class FitProblem:
     # -- the loss -------------------------------------------------------------------------------
 
     def data_loss(self, theta: Mapping[str, Any], batch: Batch) -> jnp.ndarray:
-        """Mean over experiments of the observation misfit."""
+        """Mean over experiments of the observation misfit. On a mesh, every device runs the
+        whole rollout (and its adjoint) on its own tile and experiments; the partial misfits
+        are summed across devices."""
         params = self.physical_params(theta)
         x0 = self.initial_state(theta, batch)
-        chain = self.chain()
         obs = batch.observed
-        per_experiment = ObservedData(obs.values, obs.weights, obs.scale, None)
+        n_experiments = jax.tree.leaves(x0)[0].shape[0]
 
-        def one(x0_e, obs_e):
-            data = obs_e._replace(slot_of_step=obs.slot_of_step)
-            return self.schedule.loss(chain, x0_e, params, data, self.n_steps)
+        def local_sum(x0, values, weights, scale, slot_of_step, params):
+            grid = self.grid if self.domain is None else self.domain.tile_grid(self.grid)
+            chain = self.chain(grid)
 
-        return jnp.mean(jax.vmap(one)(x0, per_experiment))
+            def one(x0_e, values_e, weights_e, scale_e):
+                data = ObservedData(values_e, weights_e, scale_e, slot_of_step)
+                return self.schedule.loss(chain, x0_e, params, data, self.n_steps)
+
+            return jnp.sum(jax.vmap(one)(x0, values, weights, scale))
+
+        args = (x0, obs.values, obs.weights, obs.scale, obs.slot_of_step, params)
+        if self.domain is None:
+            total = local_sum(*args)
+        else:
+            specs = tuple(jax.tree.map(lambda _, s=spec: s, arg) for arg, spec in zip(
+                args, (FIELD, FRAMES, FRAMES, PER_EXPERIMENT, REPLICATED, REPLICATED),
+                strict=True))
+            total = self.domain.sum_over_tiles(local_sum, args, specs)
+        return total / n_experiments
 
     def penalty(self, theta: Mapping[str, Any]) -> jnp.ndarray:
         reg = self.regularization
