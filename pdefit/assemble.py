@@ -11,15 +11,18 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import SingleDeviceSharding
 
 from systems import get_system
 
 from . import data as zd
 from .adjoint import Nested, Revolve, Schedule, StoreAll, snapshots_for_budget
-from .config import AdjointConfig, FitConfig, SystemConfig
+from .config import AdjointConfig, FitConfig, MeshConfig, SystemConfig
+from .domain import FRAMES, Domain
 from .grid import Grid
 from .integrate import INTEGRATORS, simulate
 from .observe import LOSSES, Observation, observed_data
+from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
 from .problem import Batch, FitProblem, Regularization
 from .system import System, check_time_step, default_params, stepper
@@ -75,6 +78,21 @@ def check_dynamics(system: System, params: dict[str, float], grid: Grid, cfg: Sy
         raise ConfigError(f"system.integrator: {system.name} has no gating variables for "
                           "rush_larsen")
     check_time_step(system, params, grid, cfg.dt, cfg.integrator)
+
+
+def make_domain(cfg: MeshConfig) -> Domain | None:
+    """The device mesh of the config, or None for one device."""
+    shape = [cfg.experiments, *cfg.shape]
+    if cfg.all_devices:
+        shape = [1, 1, jax.device_count()]
+    if len(shape) != 3 or min(shape) < 1:
+        raise ConfigError(f"mesh.shape must be [py, px] of positive sizes, got {list(cfg.shape)}")
+    if int(np.prod(shape)) == 1:
+        return None
+    try:
+        return Domain.build(shape)
+    except ValueError as err:
+        raise ConfigError(f"mesh: {err}") from None
 
 
 def make_schedule(cfg: AdjointConfig, state_bytes: int) -> Schedule:
@@ -163,12 +181,48 @@ def _plain(cfg: Any) -> Any:
 # The fit problem.
 
 
+@jax.jit
+def _first_frame(frames):
+    return frames[:, 0]
+
+
+@jax.jit
+def _all_finite(x):
+    return jnp.all(jnp.isfinite(x))
+
+
+@jax.jit
+def _finite_and(values, mask):
+    finite = jnp.isfinite(values)
+    return finite if mask is None else finite & mask
+
+
+@jax.jit
+def _non_finite_observed(values, mask):
+    bad = ~jnp.isfinite(values)
+    if mask is not None:
+        bad = bad & mask
+    return jnp.sum(bad), jnp.argmax(bad.reshape(-1))
+
+
+def _check_finite(ds: zd.Dataset, name: str, values, mask) -> None:
+    count, first = _non_finite_observed(values, mask)
+    count = int(host_scalar(count))
+    if count:
+        where = np.unravel_index(int(host_scalar(first)), values.shape)
+        raise zd.DatasetError(
+            f"dataset {ds.path} field {name!r}: {count} NaN/Inf value(s) at observed points, "
+            f"first at (experiment, frame, y, x) = {tuple(int(i) for i in where)} of the "
+            "selection; mask them or use observe.nan=mask to treat NaN as missing")
+
+
 class FitSetup(NamedTuple):
     problem: FitProblem
     batch: Batch
     theta0: dict[str, Any]
     start_values: dict[str, float]
     reference: dict[str, float] | None  # the dataset's true parameters, if it has them
+    reads: list  # the dataset windows this process read: (field, experiments, frames, y, x)
 
 
 def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
@@ -192,9 +246,10 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
             raise ConfigError(f"fit.initial_fields: {name}={source} — fields are "
                               f"{list(system.fields)}, sources are data or fit")
     fitted_fields = tuple(f for f in system.fields if fit_fields.get(f) == "fit")
-    zd.validate_dataset(ds, system=system.name, fields=list(obs_cfg.fields), grid_shape=grid.shape,
-                        grid_spacing=grid.spacing, boundaries=grid.boundaries,
-                        check_finite=obs_cfg.nan == "error")
+    # Values are checked for NaN/Inf below, on the windows this process loads anyway.
+    zd.validate_dataset(ds, system=system.name, fields=list(obs_cfg.fields),
+                        grid_shape=grid.shape, grid_spacing=grid.spacing,
+                        boundaries=grid.boundaries, check_finite=False)
     meta = ds.meta
 
     # Frames and time steps: each used frame must fall on a step of the fit's dt.
@@ -216,26 +271,38 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
                           f"{experiments}")
 
     stride = obs_cfg.stride
+    domain = make_domain(cfg.mesh)
+    if domain is not None:
+        try:
+            domain.check(grid, len(experiments), stride, system.stencil_radius)
+        except ValueError as err:
+            raise ConfigError(f"mesh: {err}") from None
+    frames_placement = (domain.sharding(FRAMES) if domain is not None
+                        else SingleDeviceSharding(jax.devices()[0]))
+    reads: list = []
     values, masks = {}, {}
     for name in obs_cfg.fields:
-        v = ds.read(name, experiments=experiments, frames=frames)[..., ::stride, ::stride]
-        m = ds.read_mask(name, experiments=experiments, frames=frames)
-        m = None if m is None else m[..., ::stride, ::stride]
+        v = dataset_array(ds, name, experiments, frames, stride, frames_placement,
+                          dtype=np.dtype(dtype), reads=reads)
+        m = (dataset_array(ds, name, experiments, frames, stride, frames_placement, mask=True,
+                           reads=reads) if ds.has_mask(name) else None)
         if obs_cfg.nan == "mask":
-            finite = np.isfinite(v)
-            m = finite if m is None else (m & finite)
+            m = _finite_and(v, m)
+        else:
+            _check_finite(ds, name, v, m)
         values[name], masks[name] = v, m
     observation = Observation(tuple(obs_cfg.fields), stride, obs_cfg.loss,
                               tuple(sorted(dict(obs_cfg.field_weights).items())))
     observed = observed_data(observation, values, masks, frame_steps, n_steps, dtype)
-    initial = {f: jnp.asarray(ds.read(f, experiments=experiments, frames=frames[0]), dtype)
-               for f in system.fields if f in meta.fields}
+    initial = {f: _first_frame(dataset_array(ds, f, experiments, frames[:1], 1, frames_placement,
+                                             dtype=np.dtype(dtype), reads=reads))
+               for f in system.fields if f in meta.fields and f not in fitted_fields}
     missing = [f for f in system.fields if f not in fitted_fields and f not in initial]
     if missing:
         raise ConfigError(f"initial field(s) {missing} are not in the dataset: fit them "
                           f"(fit.initial_fields.{missing[0]}=fit)")
     for name, field in initial.items():
-        if name not in fitted_fields and not bool(jnp.all(jnp.isfinite(field))):
+        if not host_scalar(_all_finite(field)):
             raise ConfigError(f"the initial frame of {name!r} has missing values: fit it "
                               f"(fit.initial_fields.{name}=fit)")
 
@@ -265,8 +332,14 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     z0 = {k: jnp.asarray(v, dtype) for k, v in z0.items()}
     fields0 = {}
     for name in fitted_fields:
-        guess = initial.get(name)
-        if guess is None or not bool(jnp.all(jnp.isfinite(guess))):
+        # Start a fitted field from its first observed frame when there is one, else zero.
+        guess = None
+        if name in meta.fields:
+            guess = _first_frame(dataset_array(ds, name, experiments, frames[:1], 1,
+                                               frames_placement, dtype=np.dtype(dtype),
+                                               reads=reads))
+            guess = jnp.where(jnp.isfinite(guess), guess, 0.0)
+        if guess is None:
             guess = jnp.zeros((len(experiments), *grid.shape), dtype)
         fields0[name] = guess
     theta0 = {"params": z0, "fields": fields0}
@@ -277,8 +350,10 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
         system=system, grid=grid, dt=float(cfg.system.dt), integrator=cfg.system.integrator,
         n_steps=n_steps, layout=layout, observation=observation, schedule=schedule,
         fitted_fields=fitted_fields, t0=float(meta.times[frames[0]]),
-        regularization=Regularization(cfg.regularization.params, cfg.regularization.fields))
+        regularization=Regularization(cfg.regularization.params, cfg.regularization.fields),
+        domain=domain)
     if n_steps == 0:
         raise ConfigError("the training window has no time steps: use at least two frames")
-    batch = Batch(observed, {k: v for k, v in initial.items() if k not in fitted_fields})
-    return FitSetup(problem, batch, theta0, {n: start_values[n] for n in fitted}, reference)
+    batch = Batch(observed, initial)
+    return FitSetup(problem, batch, theta0, {n: start_values[n] for n in fitted}, reference,
+                    reads)

@@ -114,10 +114,34 @@ class RegularizationConfig:
 
 @dataclass
 class RunConfig:
-    dir: str | None = None  # None: Hydra's output directory
+    dir: str | None = None  # None: Hydra's output directory (runs/fit/<name>, see conf/fit.yaml)
+    name: str | None = None  # None: named after the command-line overrides ("default": none)
+    resume: bool = True  # continue from the run directory's checkpoints; false: delete them
+    checkpoint_every: int = 25  # optimiser steps between Orbax checkpoints (one more at the end)
+    checkpoint_keep: int = 3  # how many checkpoints to keep
     log_every: int = 25
     progress: bool = True
     plots: bool = True
+
+
+@dataclass
+class MeshConfig:
+    """Devices: ``shape`` = [py, px] tiles of the grid, ``experiments`` devices along the
+    experiment axis; ``all_devices`` lays every device of the run along x instead ([1, n])."""
+
+    shape: list[int] = field(default_factory=lambda: [1, 1])
+    experiments: int = 1
+    all_devices: bool = False
+
+
+@dataclass
+class DistributedConfig:
+    """Explicit multi-process settings; left empty, Slurm (srun) or MPI (mpiexec) is detected
+    from the environment, and a single process needs nothing."""
+
+    coordinator: str | None = None
+    num_processes: int | None = None
+    process_id: int | None = None
 
 
 @dataclass
@@ -131,6 +155,8 @@ class FitConfig:
     adjoint: AdjointConfig = field(default_factory=AdjointConfig)
     regularization: RegularizationConfig = field(default_factory=RegularizationConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     precision: str = "float32"  # float32 | float64
 
 

@@ -596,14 +596,16 @@ class Dataset:
         experiments: Selection = slice(None),
         frames: Selection | None = None,
         stride: int = 1,
+        region: tuple[slice, slice] | None = None,
     ) -> np.ndarray:
         """Field values as float32, shape ``(n_exp, n_frames, ny, nx)``.
 
         An int for ``experiments``/``frames`` drops that axis, as in numpy.  ``stride``
-        subsamples the selected frames (applied after ``frames``).
+        subsamples the selected frames (applied after ``frames``).  ``region`` = (y slice,
+        x slice) reads only that window of each frame (what one device's tile needs).
         """
         self._require_field(field)
-        return self._read_array(field, field, experiments, frames, stride).astype(
+        return self._read_array(field, field, experiments, frames, stride, region).astype(
             np.float32, copy=False
         )
 
@@ -613,11 +615,12 @@ class Dataset:
         experiments: Selection = slice(None),
         frames: Selection | None = None,
         stride: int = 1,
+        region: tuple[slice, slice] | None = None,
     ) -> np.ndarray | None:
         """Observation mask (True = observed) like :meth:`read`, or None if there is none."""
         if not self.has_mask(field):
             return None
-        return self._read_array(MASK_PREFIX + field, field, experiments, frames, stride)
+        return self._read_array(MASK_PREFIX + field, field, experiments, frames, stride, region)
 
     def _read_array(
         self,
@@ -626,14 +629,16 @@ class Dataset:
         experiments: Selection,
         frames: Selection | None,
         stride: int,
+        region: tuple[slice, slice] | None = None,
     ) -> np.ndarray:
         where = f"dataset {self.path} field {field!r}"
         exp_sel = _normalise_selection(experiments, self.meta.n_experiments, 1, where, "experiment")
         frame_sel = _normalise_selection(
             slice(None) if frames is None else frames, self.meta.n_frames, stride, where, "frame"
         )
+        ys, xs = region if region is not None else (slice(None), slice(None))
         # Orthogonal indexing so lists of experiments and frames combine like np.ix_.
-        return np.asarray(self.group[name].oindex[exp_sel, frame_sel])
+        return np.asarray(self.group[name].oindex[exp_sel, frame_sel, ys, xs])
 
     def _require_field(self, field: str) -> None:
         if field not in self.meta.fields:

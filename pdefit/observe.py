@@ -88,12 +88,15 @@ def zero_like_state(state) -> jnp.ndarray:
     return jnp.sum(leaf[..., :0, :0])
 
 
-def observed_data(observation: Observation, values: Mapping[str, np.ndarray],
-                  masks: Mapping[str, np.ndarray | None], frame_steps: Sequence[int],
+def observed_data(observation: Observation, values: Mapping[str, Any],
+                  masks: Mapping[str, Any | None], frame_steps: Sequence[int],
                   n_steps: int, dtype: Any) -> ObservedData:
     """Device arrays for the in-loop loss. ``values[f]`` is (n_exp, n_frames, ny, nx) already
-    strided like the model projection; ``masks[f]`` is a bool array of the same shape or None;
-    ``frame_steps[j]`` is the step index of frame j."""
+    strided like the model projection (NumPy or a sharded global array: the result keeps its
+    placement); ``masks[f]`` is a bool array of the same shape or None; ``frame_steps[j]`` is
+    the step index of frame j."""
+    from .parallel import host_array
+
     slot_of_step = np.full(n_steps + 1, -1, np.int32)
     for slot, step in enumerate(frame_steps):
         if not 0 <= step <= n_steps:
@@ -101,20 +104,26 @@ def observed_data(observation: Observation, values: Mapping[str, np.ndarray],
         slot_of_step[step] = slot
     vals, weights, scale = {}, {}, {}
     for name in observation.fields:
-        v = np.asarray(values[name], dtype=np.float64)
+        v = jnp.asarray(values[name], dtype)
         m = masks.get(name)
-        w = np.ones(v.shape, bool) if m is None else np.asarray(m, bool)
-        v = np.where(w, v, 0.0)
-        count = w.sum(axis=tuple(range(1, v.ndim)))
+        w = jnp.ones(v.shape, bool) if m is None else jnp.asarray(m, bool)
+        v, count, norm = _zero_missing_and_normalisers(v, w)
+        count, norm = host_array(count), host_array(norm)
         if np.any(count == 0):
             raise ValueError(f"field {name!r} has an experiment with no observed value")
-        if observation.loss == "mse":
-            norm = count
-        else:
-            norm = (v**2).sum(axis=tuple(range(1, v.ndim)))
+        if observation.loss == "relative_mse":
             if np.any(norm == 0):
                 raise ValueError(f"relative_mse needs nonzero observations of {name!r}")
-        vals[name] = jnp.asarray(v, dtype)
-        weights[name] = jnp.asarray(w, dtype)
+        else:
+            norm = count
+        vals[name] = v
+        weights[name] = w.astype(dtype)
         scale[name] = jnp.asarray(1.0 / norm, dtype)
     return ObservedData(vals, weights, scale, jnp.asarray(slot_of_step))
+
+
+@jax.jit
+def _zero_missing_and_normalisers(values, weights):
+    values = jnp.where(weights, values, 0.0)
+    axes = tuple(range(1, values.ndim))
+    return values, jnp.sum(weights, axis=axes), jnp.sum(values**2, axis=axes)
