@@ -265,15 +265,44 @@ def revolve_plan(n_steps: int, snapshots: int) -> RevolvePlan:
 # Revolve: the executor.
 
 
+class Segments(NamedTuple):
+    """A run of actions in the fixed order restore → advance → store → reverse, as arrays with
+    one entry per segment (−1 / 0 where a segment lacks that action). Executing segments
+    instead of single actions lets one loop body do all four without a ``switch``: a switch
+    would pass the whole snapshot buffer through a conditional at every action, which costs a
+    copy of all snapshots per reversed step on some backends."""
+
+    restore: np.ndarray  # slot, or -1
+    advance: np.ndarray  # number of steps, may be 0
+    store: np.ndarray    # slot, or -1
+    reverse: np.ndarray  # 1 to reverse one step, else 0
+
+
+_STAGE = {RESTORE: 0, ADVANCE: 1, STORE: 2, REVERSE: 3}
+
+
+def segments(kinds: np.ndarray, args: np.ndarray) -> Segments:
+    """Group an action list into :class:`Segments`."""
+    rows: list[list[int]] = []
+    last_stage = 4
+    for kind, arg in zip(kinds.tolist(), args.tolist(), strict=True):
+        stage = _STAGE[kind]
+        if stage <= last_stage:
+            rows.append([-1, 0, -1, 0])
+        rows[-1][stage] = 1 if kind == REVERSE else arg
+        last_stage = stage
+    table = np.asarray(rows, np.int32).reshape(-1, 4)
+    return Segments(*(np.ascontiguousarray(table[:, k]) for k in range(4)))
+
+
 def _revolve_loss(chain: LossChain, plan: RevolvePlan):
     """J(x0, θ, data) with a custom VJP that follows ``plan``."""
     n = plan.n_steps
-    # Kept as NumPy: they become constants of whichever trace runs them (fwd and bwd are
-    # traced separately, so a device array made here could leak between traces).
-    forward_kinds = plan.kinds[: plan.first_reverse]
-    forward_args = plan.args[: plan.first_reverse]
-    backward_kinds = plan.kinds[plan.first_reverse + 1 :]
-    backward_args = plan.args[plan.first_reverse + 1 :]
+    # NumPy, not device arrays: they become constants of whichever trace runs them (fwd and
+    # bwd are traced separately, so a device array made here could leak between traces).
+    forward_plan = segments(plan.kinds[: plan.first_reverse], plan.args[: plan.first_reverse])
+    backward_plan = segments(plan.kinds[plan.first_reverse + 1 :],
+                             plan.args[plan.first_reverse + 1 :])
 
     def transition(x, theta, i, data):
         """One step and the cost of the state it starts from."""
@@ -290,30 +319,30 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
 
     def forward(x0, theta, data):
         # Buffers derived from x0 so that they carry its sharding type inside shard_map.
+        # One spare slot at the end takes the writes of segments that store nothing.
         snaps = jax.tree.map(
-            lambda a: jnp.broadcast_to(jnp.zeros_like(a), (plan.snapshots, *a.shape)), x0)
-        slot_steps = jnp.zeros((plan.snapshots,), jnp.int32)
+            lambda a: jnp.broadcast_to(jnp.zeros_like(a), (plan.snapshots + 1, *a.shape)), x0)
+        slot_steps = jnp.zeros((plan.snapshots + 1,), jnp.int32)
 
-        def advance(carry, count):
-            x, i, snaps, slot_steps, total = carry
-
+        def advance_with_cost(count, x, i, total):
             def one(_, c):
                 x, i, total = c
                 x_next, cost = transition(x, theta, i, data)
                 return x_next, i + 1, total + cost
 
-            x, i, total = jax.lax.fori_loop(0, count, one, (x, i, total))
+            return jax.lax.fori_loop(0, count, one, (x, i, total))
+
+        def segment(k, carry):
+            x, i, snaps, slot_steps, total = carry
+            x, i, total = advance_with_cost(fp.advance[k], x, i, total)
+            snaps, slot_steps = _maybe_store(snaps, slot_steps, fp.store[k], x, i)
             return x, i, snaps, slot_steps, total
 
-        def store(carry, slot):
-            x, i, snaps, slot_steps, total = carry
-            snaps = jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
-            return x, i, snaps, slot_steps.at[slot].set(i), total
-
+        fp = Segments(*(jnp.asarray(a) for a in forward_plan))
         carry = (x0, jnp.asarray(0, jnp.int32), snaps, slot_steps,
                  _zero_cost(chain, x0, theta, data))
-        carry = _run_actions(forward_kinds, forward_args, {ADVANCE: advance, STORE: store}, carry)
-        x, _i, snaps, slot_steps, total = carry
+        x, _, snaps, slot_steps, total = jax.lax.fori_loop(
+            0, len(forward_plan.advance), segment, carry)
         last, last_vjp = jax.vjp(lambda x_, th: last_transition(x_, th, data), x, theta)
         return total + last, (snaps, slot_steps, last_vjp, theta, data)
 
@@ -321,38 +350,37 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
         snaps, slot_steps, last_vjp, theta, data = residuals
         xbar, thetabar = last_vjp(g)
 
-        def advance(carry, count):
-            x, i, snaps, slot_steps, xbar, thetabar = carry
-
+        def advance(count, x, i):
             def one(_, c):
                 x, i = c
                 return chain.step(x, theta, i), i + 1
 
-            x, i = jax.lax.fori_loop(0, count, one, (x, i))
-            return x, i, snaps, slot_steps, xbar, thetabar
+            return jax.lax.fori_loop(0, count, one, (x, i))
 
-        def store(carry, slot):
-            x, i, snaps, slot_steps, xbar, thetabar = carry
-            snaps = jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
-            return x, i, snaps, slot_steps.at[slot].set(i), xbar, thetabar
-
-        def restore(carry, slot):
-            _, _, snaps, slot_steps, xbar, thetabar = carry
-            x = jax.tree.map(lambda buf: buf[slot], snaps)
-            return x, slot_steps[slot], snaps, slot_steps, xbar, thetabar
-
-        def reverse(carry, _):
-            x, i, snaps, slot_steps, xbar, thetabar = carry
+        def reverse(x, i, xbar, thetabar):
             _, vjp = jax.vjp(lambda x_, th: transition(x_, th, i, data), x, theta)
             xbar, step_thetabar = vjp((xbar, g))
-            thetabar = jax.tree.map(jnp.add, thetabar, step_thetabar)
+            return xbar, jax.tree.map(jnp.add, thetabar, step_thetabar)
+
+        def segment(k, carry):
+            x, i, snaps, slot_steps, xbar, thetabar = carry
+            slot = bp.restore[k]
+            x, i = jax.lax.cond(
+                slot >= 0, lambda x, i: (jax.tree.map(lambda b: b[slot], snaps), slot_steps[slot]),
+                lambda x, i: (x, i), x, i)
+            x, i = advance(bp.advance[k], x, i)
+            snaps, slot_steps = _maybe_store(snaps, slot_steps, bp.store[k], x, i)
+            xbar, thetabar = jax.lax.cond(
+                bp.reverse[k] > 0, reverse, lambda x, i, xbar, thetabar: (xbar, thetabar),
+                x, i, xbar, thetabar)
             return x, i, snaps, slot_steps, xbar, thetabar
 
-        # The live state is set by the first action (always a RESTORE) before it is read.
+        bp = Segments(*(jnp.asarray(a) for a in backward_plan))
+        # The live state is set by the first segment (it always restores) before it is read.
         x_unset = jax.tree.map(lambda buf: buf[0], snaps)
         carry = (x_unset, jnp.asarray(0, jnp.int32), snaps, slot_steps, xbar, thetabar)
-        handlers = {ADVANCE: advance, STORE: store, RESTORE: restore, REVERSE: reverse}
-        carry = _run_actions(backward_kinds, backward_args, handlers, carry)
+        if len(backward_plan.advance):  # N = 1 reverses its only step in the forward pass
+            carry = jax.lax.fori_loop(0, len(backward_plan.advance), segment, carry)
         x0bar, thetabar = carry[4], carry[5]
         databar = jax.tree.map(_zero_cotangent, data)
         return x0bar, thetabar, databar
@@ -362,29 +390,17 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
     return loss
 
 
+def _maybe_store(snaps, slot_steps, slot, x, i):
+    """Write (x, i) into ``slot``; slot −1 means no store and writes into the spare last slot
+    of the buffer instead. An unconditional in-place write of one state is cheaper than a
+    select (which would read the old slot) or a conditional around the whole buffer."""
+    slot = jnp.where(slot >= 0, slot, slot_steps.shape[0] - 1)
+    snaps = jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
+    return snaps, slot_steps.at[slot].set(i)
+
+
 def _zero_cotangent(a):
     a = jnp.asarray(a)
     if jnp.issubdtype(a.dtype, jnp.inexact):
         return jnp.zeros_like(a)
     return np.zeros(a.shape, dtype=jax.dtypes.float0)
-
-
-def _run_actions(kinds, args, handlers: dict[int, Callable], carry):
-    """Execute an action list with one ``while_loop``; ``handlers[kind](carry, arg)``."""
-    if kinds.shape[0] == 0:
-        return carry
-    kinds, args = jnp.asarray(kinds), jnp.asarray(args)
-    order = sorted(handlers)
-    branch_of = np.full(len(ACTION_NAMES), -1, np.int32)
-    branch_of[order] = np.arange(len(order))
-    branch_of = jnp.asarray(branch_of)
-    branches = [lambda c, a, h=handlers[k]: h(c, a) for k in order]
-
-    def body(state):
-        pc, carry = state
-        carry = jax.lax.switch(branch_of[kinds[pc]], branches, carry, args[pc])
-        return pc + 1, carry
-
-    _, carry = jax.lax.while_loop(lambda s: s[0] < kinds.shape[0], body,
-                                  (jnp.asarray(0, jnp.int32), carry))
-    return carry

@@ -18,7 +18,7 @@ from systems import get_system
 from . import data as zd
 from .adjoint import Nested, Revolve, Schedule, StoreAll, snapshots_for_budget
 from .config import AdjointConfig, FitConfig, MeshConfig, SystemConfig
-from .domain import FRAMES, Domain
+from .domain import FIELD, FRAMES, REPLICATED, Domain
 from .grid import Grid
 from .integrate import INTEGRATORS, simulate
 from .observe import LOSSES, Observation, observed_data
@@ -150,8 +150,13 @@ def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
         steps_per_frame=int(sim.steps_per_frame), t0=0.0, n_frames=int(sim.n_frames),
         n_experiments=int(sim.n_experiments), true_params=params, noise=noise,
         provenance=zd.make_provenance(_plain(cfg)))
-    zd.create_dataset(path, meta, frames_per_shard=sim.frames_per_shard, overwrite=True)
-    for experiment in range(sim.n_experiments):
+    # Metadata once, before any writer; then every process simulates its own experiments and
+    # writes whole shards of them, so no two writers ever share a Zarr shard.
+    rank, n_processes = jax.process_index(), jax.process_count()
+    if rank == 0:
+        zd.create_dataset(path, meta, frames_per_shard=sim.frames_per_shard, overwrite=True)
+    _barrier("pdefit-dataset-created")
+    for experiment in range(rank, sim.n_experiments, n_processes):
         frames = simulate_frames(system, grid, params, cfg.system.dt, cfg.system.integrator,
                                  sim.n_frames, sim.steps_per_frame, sim.seed + experiment, dtype)
         for name, values in frames.items():
@@ -166,7 +171,14 @@ def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
                                frame_start=shard.frame_start)
         log(f"simulated experiment {experiment}: {sim.n_frames} frames of "
             f"{list(system.fields)} on {grid.shape}")
+    _barrier("pdefit-dataset-written")
     return path
+
+
+def _barrier(name: str) -> None:
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+        multihost_utils.sync_global_devices(name)
 
 
 def _plain(cfg: Any) -> Any:
@@ -343,6 +355,11 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
             guess = jnp.zeros((len(experiments), *grid.shape), dtype)
         fields0[name] = guess
     theta0 = {"params": z0, "fields": fields0}
+    if domain is not None:
+        # Global arrays on the mesh: every argument of the jitted update must live there
+        # (with several processes, a value on one local device is not a valid argument).
+        theta0 = {"params": jax.device_put(z0, domain.sharding(REPLICATED)),
+                  "fields": jax.device_put(fields0, domain.sharding(FIELD))}
 
     state_bytes = sum(np.prod(grid.shape) * jnp.dtype(dtype).itemsize for _ in system.fields)
     schedule = make_schedule(cfg.adjoint, int(state_bytes))

@@ -17,17 +17,20 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import assemble
+from . import assemble, parallel
+from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import register_configs
 from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
 from .gradcheck import taylor_test
 from .integrate import simulate
+from .rundir import plain_config, register_resolvers, simulated_dataset
 from .system import stepper
 from .train import run_fit
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("pdefit")
 register_configs()
+register_resolvers()
 
 
 def _output_dir(cfg: DictConfig) -> Path:
@@ -37,11 +40,19 @@ def _output_dir(cfg: DictConfig) -> Path:
     return out
 
 
+def _start_processes(cfg: DictConfig) -> None:
+    """Join the other processes of a multi-process run (a no-op for one process)."""
+    dist = cfg.distributed
+    parallel.initialize(dist.coordinator, dist.num_processes, dist.process_id)
+
+
 def _dataset_for(cfg: DictConfig, out: Path, dtype: Any) -> Path:
     if cfg.data.path:
         return Path(hydra.utils.to_absolute_path(cfg.data.path))
-    log.info("no data.path given: simulating the configured system first")
-    return assemble.simulate_dataset(cfg, out / "data.zarr", dtype, log=log.info)
+    log.info("no data.path given: the run simulates its own dataset")
+    return simulated_dataset(
+        cfg, out / "data.zarr",
+        lambda path: assemble.simulate_dataset(cfg, path, dtype, log=log.info))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -50,6 +61,7 @@ def _dataset_for(cfg: DictConfig, out: Path, dtype: Any) -> Path:
 @hydra.main(config_path=CONF_DIR, config_name="simulate", version_base="1.3")
 def simulate_main(cfg: DictConfig) -> None:
     dtype = assemble.set_precision(cfg.precision)
+    _start_processes(cfg)
     path = Path(hydra.utils.to_absolute_path(cfg.simulate.output))
     assemble.simulate_dataset(cfg, path, dtype, log=log.info)
     log.info(f"wrote {path}")
@@ -61,6 +73,7 @@ def simulate_main(cfg: DictConfig) -> None:
 def fit(cfg: DictConfig) -> dict[str, Any]:
     """Run one fit described by ``cfg``; return the summary (also written to summary.json)."""
     dtype = assemble.set_precision(cfg.precision)
+    _start_processes(cfg)
     out = _output_dir(cfg)
     dataset = _dataset_for(cfg, out, dtype)
     setup = assemble.build_fit(cfg, dataset, dtype)
@@ -73,9 +86,13 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     def describe(theta):
         return {n: problem.layout.physical(theta["params"])[n] for n in problem.layout.fitted}
 
+    checkpoint = CheckpointOptions(out / CHECKPOINT_DIR, cfg.run.checkpoint_every,
+                                   cfg.run.checkpoint_keep)
     state, history = run_fit(problem.loss, setup.theta0, setup.batch,
                              cfg.optim, describe=describe, metrics_path=out / "metrics.jsonl",
-                             progress=cfg.run.progress, log=log.warning)
+                             progress=cfg.run.progress, log=log.warning, checkpoint=checkpoint,
+                             resume=cfg.run.resume, config=plain_config(cfg),
+                             status_path=out / "status.json")
     theta = history.best_theta
     recovered = {k: float(v) for k, v in describe(theta).items()}
     rows = parameter_table(problem.layout.fitted, setup.start_values, recovered, setup.reference)
@@ -85,6 +102,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         "optimizer_steps": int(state.step), "final_loss": history.losses[-1],
         "best_loss": history.best_loss, "initial_loss": history.losses[0],
         "wall_time_s": history.wall_time, "nan_failures": history.nan_failures,
+        "restarts": history.restarts,
         "parameters": rows, **error_summary(rows),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -164,6 +164,7 @@ class FitConfig:
 class SimulateMainConfig:
     system: SystemConfig = field(default_factory=SystemConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     precision: str = "float32"
 
 

@@ -20,7 +20,12 @@ import numpy as np
 from pdefit.grid import Grid
 from pdefit.integrate import simulate
 from pdefit.params import ParamSpec
-from pdefit.stencils import LAPLACIAN_RADIUS, LAPLACIANS, laplacian_spectral_radius
+from pdefit.stencils import (
+    LAPLACIAN_RADIUS,
+    LAPLACIANS,
+    laplacian,
+    laplacian_spectral_radius,
+)
 from pdefit.system import stepper
 
 AP96 = {"D": 1.0, "k": 8.0, "a": 0.15, "b": 0.15, "eps0": 0.002, "mu1": 0.2, "mu2": 0.3}
@@ -59,7 +64,7 @@ class AlievPanfilov:
 
     def rhs(self, state, params, t, grid: Grid):
         u, v = state["u"], state["v"]
-        lap = LAPLACIANS[self.laplacian](grid.pad(u, self.stencil_radius), grid.spacing)
+        lap = laplacian(u, grid, self.laplacian)
         k, a, b = params["k"], params["a"], params["b"]
         eps = params["eps0"] + params["mu1"] * v / (u + params["mu2"])
         du = params["D"] * lap - k * u * (u - a) * (u - 1.0) - u * v

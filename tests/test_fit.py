@@ -24,6 +24,9 @@ CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 SMALL = ["system.grid.shape=[20,20]", "+system.options.initial=blobs", "simulate.n_frames=4",
          "simulate.steps_per_frame=10",
          "simulate.noise.kind=none", "run.progress=false", "run.plots=false"]
+# The fit that the single- and multi-process tests compare.
+MULTIPROCESS_FIT = [*SMALL, "optim=adam", "optim.steps=8", "fit.params=[k,a,eps0]",
+                    "precision=float64"]
 
 
 def config(tmp_path: Path, *overrides: str, name: str = "fit"):
