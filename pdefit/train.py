@@ -1,13 +1,25 @@
-"""The optimisation loop: optax over the unconstrained parameters and fitted fields.
+"""The optimisation loop: optax over the unconstrained parameters and fitted fields, with
+checkpoints, preemption and resume.
 
 One jitted update computes loss, gradient and the optimiser step; the Python loop runs over
 optimiser iterations (each blocks on its loss, which also keeps the dispatch queue short).
-A step whose loss or gradient is not finite is not applied: the last good state is kept, the
-learning rate is scaled down, and after too many failures the run stops with a clear message.
+
+Non-finite steps. The loss and gradient are evaluated at the current parameters; if either is
+not finite those parameters are bad, so the loop goes back to the *anchor* — the last state
+whose loss and gradient were finite — scales the learning rate down by ``optim.nan_lr_factor``
+and takes that step again, shorter. After ``optim.max_nan_failures`` such failures the run
+stops with :class:`TrainingDivergedError`.
+
+Checkpoints hold the anchor and the metric history before its step, never a state that was
+not yet evaluated. A resumed run therefore re-evaluates the anchor first — the same numbers,
+because the update is deterministic and the state comes back bit for bit — and follows
+exactly the path the uninterrupted run took, including what happens after a non-finite step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import time
@@ -18,30 +30,47 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
+from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 from tqdm.auto import tqdm
 
+from .checkpoint import CheckpointOptions, CheckpointStore, remove_checkpoints, write_json_atomic
 from .config import OptimConfig
+from .rundir import config_differences
+from .signals import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, signal_name
 
 
 class TrainingDivergedError(RuntimeError):
-    """Too many consecutive non-finite losses or gradients."""
+    """Too many non-finite losses or gradients."""
+
+
+class ResumeMismatchError(ValueError):
+    """The run directory holds checkpoints of a different configuration or dataset."""
 
 
 class TrainState(NamedTuple):
-    step: jnp.ndarray
-    theta: Any
+    """Everything a step depends on, as arrays: what a checkpoint saves."""
+
+    step: jax.Array  # int32: optimiser steps applied
+    theta: Any  # unconstrained parameters and fitted fields
     opt_state: Any
-    lr_scale: jnp.ndarray
+    lr_scale: jax.Array  # multiplies every update; reduced after a non-finite step
+    key: jax.Array  # raw uint32 key data for stochastic parts of a fit; advanced every step
+    best_loss: jax.Array  # the lowest loss evaluated so far …
+    best_theta: Any  # … and where
 
 
 @dataclass
 class FitHistory:
-    losses: list[float] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)  # per applied step, then the final loss
+    records: list[dict[str, Any]] = field(default_factory=list)  # the metrics.jsonl lines
     best_loss: float = math.inf
     best_theta: Any = None
     nan_failures: int = 0
-    wall_time: float = 0.0
+    wall_time: float = 0.0  # over all restarts
+    restarts: int = 0  # how many times this run was resumed from a checkpoint
+    resumed_from: int | None = None  # the step this process resumed from
 
 
 def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
@@ -77,6 +106,46 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     return optax.chain(*parts, optimizers[cfg.name]())
 
 
+def _strong(tree: Any) -> Any:
+    """The same arrays without weak types, so that a state built here, one returned by the
+    update and one restored from disk all have one jit signature (no retrace, no change of
+    type promotion after a resume)."""
+    return jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.result_type(x)), tree)
+
+
+def _replicated(theta: Any) -> Sharding:
+    """Where the loop keeps leaves that have no sharding of their own (counters, scalars):
+    replicated over the mesh of the first mesh-sharded leaf of ``theta``, else on one local
+    device."""
+    for leaf in jax.tree.leaves(theta):
+        sharding = getattr(leaf, "sharding", None)
+        if isinstance(sharding, NamedSharding):
+            return NamedSharding(sharding.mesh, PartitionSpec())
+    return SingleDeviceSharding(jax.local_devices()[0])
+
+
+def _placed(tree: Any, replicated: Sharding) -> Any:
+    """Every leaf committed: mesh-sharded leaves where they are, the rest on ``replicated``.
+    The update's outputs are committed arrays; an uncommitted first state would compile the
+    update a second time, and the restore (which copies these placements) would put arrays
+    on devices that do not match the rest of the state."""
+    def place(x: Any) -> Any:
+        sharding = getattr(x, "sharding", None)
+        return jax.device_put(x, sharding if isinstance(sharding, NamedSharding) else replicated)
+
+    return jax.tree.map(place, tree)
+
+
+def init_state(theta0: Any, optimizer: optax.GradientTransformation, loss_dtype: Any,
+               seed: int = 0) -> TrainState:
+    state = _strong(TrainState(
+        step=jnp.asarray(0, jnp.int32), theta=theta0, opt_state=optimizer.init(theta0),
+        lr_scale=jnp.asarray(1.0, loss_dtype),
+        key=jax.random.key_data(jax.random.key(seed)),
+        best_loss=jnp.asarray(jnp.inf, loss_dtype), best_theta=theta0))
+    return _placed(state, _replicated(theta0))
+
+
 def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Callable:
     """``update(state, batch) -> (candidate state, loss, grad norm, finite)``, jitted. Extra
     arguments (value, gradient, loss function) are offered to optimisers that take them, such
@@ -85,78 +154,265 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Call
     @jax.jit
     def update(state: TrainState, batch: Any):
         value, grad = jax.value_and_grad(loss)(state.theta, batch)
-        grad_norm = optax.global_norm(grad)
+        grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
         updates, opt_state = optimizer.update(
             grad, state.opt_state, state.theta, value=value, grad=grad,
             value_fn=lambda theta: loss(theta, batch))
-        updates = jax.tree.map(lambda u: state.lr_scale * u, updates)
+        updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
         theta = optax.apply_updates(state.theta, updates)
-        candidate = TrainState(state.step + 1, theta, opt_state, state.lr_scale)
-        return candidate, value, grad_norm, finite
+        better = value < state.best_loss
+        candidate = TrainState(
+            step=state.step + 1, theta=theta, opt_state=opt_state, lr_scale=state.lr_scale,
+            key=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.key))[0]),
+            best_loss=jnp.where(better, value, state.best_loss).astype(state.best_loss.dtype),
+            best_theta=jax.tree.map(lambda t, b: jnp.where(better, t, b), state.theta,
+                                    state.best_theta))
+        return _strong(candidate), value, grad_norm, finite
 
     return update
+
+
+def data_fingerprint(batch: Any) -> str:
+    """A digest of the data a fit sees (values of every array this process holds whole,
+    shapes and dtypes of the others), saved with each checkpoint so that resuming against
+    changed data is an error rather than a silent change of problem."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+        digest.update(f"{jax.tree_util.keystr(path)}:{np.shape(leaf)}:{jnp.result_type(leaf)}"
+                      .encode())
+        if getattr(leaf, "is_fully_addressable", True):
+            digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+    return digest.hexdigest()
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Anchor:
+    """The last state with a finite loss and gradient, and how many records precede it."""
+
+    state: TrainState
+    n_records: int
 
 
 def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             describe: Callable[[Any], Mapping[str, float]] | None = None,
             metrics_path: Path | None = None, progress: bool = True,
-            log: Callable[[str], None] = print) -> tuple[TrainState, FitHistory]:
-    """Minimise ``loss(theta, batch)`` from ``theta0``. ``describe(theta)`` gives the physical
-    values written to the metrics file at each step."""
+            log: Callable[[str], None] = print,
+            checkpoint: CheckpointOptions | None = None, resume: bool = True,
+            config: Mapping[str, Any] | None = None, status_path: Path | None = None,
+            seed: int = 0, preemption: PreemptionFlag | None = None,
+            on_step: Callable[[int, Mapping[str, Any]], None] | None = None,
+            ) -> tuple[TrainState, FitHistory]:
+    """Minimise ``loss(theta, batch)`` from ``theta0``.
+
+    ``describe(theta)`` gives the physical values written with each metrics record.
+    ``checkpoint`` enables Orbax checkpoints (every ``checkpoint.every`` steps and at the end)
+    and preemption handling; a directory that already holds checkpoints is resumed from
+    unless ``resume`` is False (then they are deleted). ``config`` (the resolved run config) is
+    saved with each checkpoint and must match on resume, except ``run.*``. ``on_step(step,
+    record)`` is called after every applied step (tests use it to send signals).
+
+    Raises :class:`Preempted` (a ``SystemExit`` with status 75) after a preemption signal, once
+    the checkpoint is on disk, and :class:`TrainingDivergedError` after too many non-finite
+    steps.
+    """
     optimizer = make_optimizer(cfg)
     update = make_update(loss, optimizer)
-    state = TrainState(jnp.asarray(0), theta0, optimizer.init(theta0), jnp.asarray(1.0))
+    loss_dtype = jax.eval_shape(loss, theta0, batch).dtype
+    state = init_state(theta0, optimizer, loss_dtype, seed)
     history = FitHistory()
-    grad_norm_0 = None
-    metrics = metrics_path.open("w") if metrics_path else None
+    fingerprint = data_fingerprint(batch) if checkpoint else None
+    config = dict(config or {})
+    primary = jax.process_index() == 0
+
+    store = None
+    if checkpoint:
+        if not resume:
+            removed = remove_checkpoints(checkpoint.directory)
+            if removed:
+                log(f"run.resume=false: removed {removed} checkpoint(s) in "
+                    f"{checkpoint.directory}; starting over")
+        store = CheckpointStore(checkpoint)
+        restored = store.restore(state)
+        if restored is not None:
+            state = restored.state
+            history = _history_from(restored.meta)
+            _check_compatible(restored, config, fingerprint, store)
+            history.restarts += 1
+            history.resumed_from = restored.step
+            log(f"resuming from checkpoint step {restored.step} in {store.directory} "
+                f"(restart {history.restarts}; {len(history.records)} steps done, "
+                f"best loss {_fmt(history.best_loss)}, lr scale {float(state.lr_scale):.3g})")
+    anchor = _Anchor(state, len(history.records))
+    wall_before = history.wall_time
     start = time.perf_counter()
-    bar = tqdm(total=cfg.steps, disable=not progress, desc="fit", dynamic_ncols=True)
+
+    def elapsed() -> float:
+        return wall_before + time.perf_counter() - start
+
+    def meta(status: str) -> dict[str, Any]:
+        return {"records": history.records[:anchor.n_records],
+                "nan_failures": history.nan_failures, "restarts": history.restarts,
+                "wall_time": elapsed(), "data_fingerprint": fingerprint, "status": status}
+
+    def save(status: str, wait: bool = False) -> None:
+        if store is not None:
+            store.save(int(anchor.state.step), anchor.state, meta(status), config, wait=wait)
+        write_status(status)
+
+    def write_status(status: str) -> None:
+        if status_path is not None and primary:
+            write_json_atomic(status_path, {
+                "status": status, "step": int(anchor.state.step),
+                "loss": history.records[-1]["loss"] if history.records else None,
+                "best_loss": _finite_or_none(history.best_loss),
+                "nan_failures": history.nan_failures, "restarts": history.restarts,
+                "wall_time_s": elapsed()})
+
+    metrics = _open_metrics(metrics_path, history.records) if primary else None
+    bar = tqdm(total=cfg.steps, initial=int(state.step), disable=not progress or not primary,
+               desc="fit", dynamic_ncols=True)
+    # Signals are taken over only where they can be honoured: with checkpoints, or when the
+    # caller passes its own flag.
+    watch = store is not None or preemption is not None
+    flag = preemption if preemption is not None else PreemptionFlag()
+    write_status("running")
     try:
-        while int(state.step) < cfg.steps:
-            candidate, value, grad_norm, finite = update(state, batch)
-            value = float(value)  # blocks: one update in flight at a time
-            if not bool(finite):
-                history.nan_failures += 1
-                if history.nan_failures > cfg.max_nan_failures:
-                    raise TrainingDivergedError(
-                        f"loss or gradient not finite at step {int(state.step)} "
-                        f"{history.nan_failures} times; last learning-rate scale "
-                        f"{float(state.lr_scale):.3g}. Lower optim.lr or check dt and the data.")
-                scale = state.lr_scale * cfg.nan_lr_factor
-                log(f"step {int(state.step)}: non-finite loss/gradient; step skipped, "
-                    f"learning rate scaled by {float(scale):.3g}")
-                # Keep the last good parameters and optimiser state, but move on a step so the
-                # schedule advances.
-                state = state._replace(step=state.step + 1, lr_scale=scale)
-                continue
-            if value < history.best_loss:
-                history.best_loss, history.best_theta = value, state.theta
-            history.losses.append(value)
-            if metrics:
-                record = {"step": int(state.step), "loss": value, "grad_norm": float(grad_norm),
-                          "lr_scale": float(state.lr_scale),
-                          "time": time.perf_counter() - start}
-                if describe:
-                    record["params"] = {k: float(v) for k, v in describe(state.theta).items()}
-                metrics.write(json.dumps(record) + "\n")
-            state = candidate
-            if grad_norm_0 is None:
-                grad_norm_0 = float(grad_norm)
-            if float(grad_norm) <= cfg.grad_tol * grad_norm_0:
-                log(f"converged at step {int(state.step)}: gradient norm {float(grad_norm):.3e} "
-                    f"<= {cfg.grad_tol:g} x initial")
-                bar.update(1)
-                break
-            bar.set_postfix(loss=f"{value:.3e}", refresh=False)
-            bar.update(1)
+        with flag if watch else contextlib.nullcontext():
+            while int(state.step) < cfg.steps:
+                candidate, value, grad_norm, finite = update(state, batch)
+                value = float(value)  # blocks: one update in flight at a time
+                converged = False
+                if bool(finite):
+                    record = _record(state, value, float(grad_norm), describe, elapsed())
+                    anchor = _Anchor(state, len(history.records))
+                    history.records.append(record)
+                    history.best_loss = min(history.best_loss, value)
+                    if metrics:
+                        metrics.write(json.dumps(record) + "\n")
+                        metrics.flush()
+                    state = candidate
+                    grad_norm_0 = history.records[0]["grad_norm"]
+                    converged = record["grad_norm"] <= cfg.grad_tol * grad_norm_0
+                    if converged:
+                        log(f"converged at step {int(state.step)}: gradient norm "
+                            f"{record['grad_norm']:.3e} <= {cfg.grad_tol:g} x initial")
+                    bar.set_postfix(loss=f"{value:.3e}", refresh=False)
+                    bar.update(1)
+                    if on_step:
+                        on_step(record["step"], record)
+                else:
+                    history.nan_failures += 1
+                    if history.nan_failures > cfg.max_nan_failures:
+                        write_status("diverged")
+                        raise TrainingDivergedError(
+                            f"loss or gradient not finite at step {int(state.step)} "
+                            f"({history.nan_failures} failures, optim.max_nan_failures="
+                            f"{cfg.max_nan_failures}); last learning-rate scale "
+                            f"{float(anchor.state.lr_scale):.3g}. Lower optim.lr or check "
+                            "dt and the data.")
+                    state = anchor.state._replace(
+                        lr_scale=anchor.state.lr_scale * cfg.nan_lr_factor)
+                    del history.records[anchor.n_records:]
+                    if metrics:
+                        metrics = _open_metrics(metrics_path, history.records, metrics)
+                    anchor = _Anchor(state, anchor.n_records)
+                    bar.n = int(state.step)
+                    log(f"step {int(candidate.step) - 1}: non-finite loss/gradient; back to "
+                        f"step {int(state.step)}, learning rate scaled by "
+                        f"{float(state.lr_scale):.3g} (failure {history.nan_failures} of "
+                        f"at most {cfg.max_nan_failures})")
+
+                # Step boundary: every process takes the same decision here.
+                signum = flag.agreed() if watch else 0
+                if signum:
+                    save("preempted", wait=True)
+                    where = f"written to {store.directory}" if store else "not written"
+                    log(f"{signal_name(signum)}: checkpoint at step {int(anchor.state.step)} "
+                        f"{where}; exiting with status {PREEMPTED_EXIT_CODE} so that the "
+                        "job is requeued")
+                    flag.forward()
+                    raise Preempted(int(anchor.state.step), signum)
+                if converged:
+                    break
+                if store is not None and int(anchor.state.step) % checkpoint.every == 0:
+                    save("running")
+        final_loss = float(jax.jit(loss)(state.theta, batch))
+        save("done", wait=True)
     finally:
         bar.close()
         if metrics:
             metrics.close()
-    final_loss = float(jax.jit(loss)(state.theta, batch))
-    if math.isfinite(final_loss) and final_loss < history.best_loss:
-        history.best_loss, history.best_theta = final_loss, state.theta
-    history.losses.append(final_loss)
-    history.wall_time = time.perf_counter() - start
+        if store is not None:
+            store.close()  # waits for a write still in flight
+    history.best_theta = state.best_theta
+    if math.isfinite(final_loss):
+        if final_loss < float(state.best_loss):
+            history.best_theta = state.theta
+        history.best_loss = min(history.best_loss, final_loss)
+    history.losses = [r["loss"] for r in history.records] + [final_loss]
+    history.wall_time = elapsed()
     return state, history
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _record(state: TrainState, value: float, grad_norm: float,
+            describe: Callable[[Any], Mapping[str, float]] | None, t: float) -> dict[str, Any]:
+    record: dict[str, Any] = {"step": int(state.step), "loss": value, "grad_norm": grad_norm,
+                              "lr_scale": float(state.lr_scale), "time": t}
+    if describe:
+        record["params"] = {k: float(v) for k, v in describe(state.theta).items()}
+    return record
+
+
+def _history_from(meta: Mapping[str, Any]) -> FitHistory:
+    records = [dict(r) for r in meta.get("records", [])]
+    return FitHistory(records=records,
+                      best_loss=min((r["loss"] for r in records), default=math.inf),
+                      nan_failures=int(meta.get("nan_failures", 0)),
+                      wall_time=float(meta.get("wall_time", 0.0)),
+                      restarts=int(meta.get("restarts", 0)))
+
+
+def _check_compatible(restored: Any, config: Mapping[str, Any], fingerprint: str | None,
+                      store: CheckpointStore) -> None:
+    hint = ("Use another run.name or run.dir for this run, or run.resume=false to discard "
+            "the checkpoints.")
+    if restored.config and config:
+        differences = config_differences(restored.config, config)
+        if differences:
+            raise ResumeMismatchError(
+                f"{store.directory} holds checkpoints of a different configuration: "
+                + "; ".join(differences[:8]) + (" …" if len(differences) > 8 else "")
+                + f". {hint}")
+    saved = restored.meta.get("data_fingerprint")
+    if saved and fingerprint and saved != fingerprint:
+        raise ResumeMismatchError(
+            f"the data differ from those the checkpoints in {store.directory} were made "
+            f"with. {hint}")
+
+
+def _open_metrics(path: Path | None, records: list[dict[str, Any]], current: Any = None):
+    """metrics.jsonl holding exactly ``records``, open for appending (rewritten on resume and
+    after a rollback, so the file always matches the run's history)."""
+    if current is not None:
+        current.close()
+    if path is None:
+        return None
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    tmp.replace(path)
+    return path.open("a")
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.4e}" if math.isfinite(x) else "—"
+
+
+def _finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None

@@ -1,0 +1,130 @@
+"""Run directories that a requeued job finds again.
+
+A fit's directory is ``run.dir`` if given, else Hydra's output directory, which
+``conf/fit.yaml`` names deterministically: ``runs/fit/<name>`` for one run and
+``runs/sweep/<name>/<point>`` for a sweep, where ``<name>`` is ``run.name`` and ``<point>`` (and
+``<name>`` when ``run.name`` is unset) comes from the command-line overrides. The same command
+line therefore always gives the same directory — no timestamps — and a fit that starts in a
+directory holding checkpoints resumes from them.
+
+Also here: the simulated dataset that the embedded default writes into its run directory is
+reused on resume (so a restart cannot silently fit different data), and the comparison of a
+checkpoint's config with the current one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+from omegaconf import OmegaConf
+
+log = logging.getLogger("pdefit")
+
+RESOLVER = "pdefit.dirname"
+# Hydra lists are written with brackets, which tensorstore (under Orbax) cannot have in a
+# path; parentheses read the same. Anything else outside this set becomes "_".
+_BRACKETS = str.maketrans("[]{}", "()()")
+_UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@%:()~-]")
+MAX_NAME = 120
+# Keys that change how a run is driven, not what it computes: a resumed run may change them
+# (a requeued job may land on another mesh shape or process count).
+DRIVING_KEYS = ("run.", "mesh.", "distributed.")
+# What the simulated dataset of the embedded default depends on.
+SIMULATION_KEYS = ("system", "simulate", "precision")
+
+
+def dirname(name: str | None, overrides: str | None = None) -> str:
+    """A directory name: ``name`` if given, else the overrides string (Hydra's
+    ``override_dirname``), else ``default``. Brackets become parentheses, path separators and
+    other awkward characters ``_``, and long names are shortened with a hash, so the result is
+    one safe path component, always the same for the same input."""
+    text = str(name) if name not in (None, "", "None") else (overrides or "default")
+    text = _UNSAFE.sub("_", text.translate(_BRACKETS)).strip("._") or "default"
+    if len(text) > MAX_NAME:
+        digest = hashlib.sha1(text.encode()).hexdigest()[:10]
+        text = f"{text[:MAX_NAME - 11]}-{digest}"
+    return text
+
+
+def register_resolvers() -> None:
+    """``${pdefit.dirname:<name>,<overrides>}``, used by ``hydra.run.dir``/``hydra.sweep.*``."""
+    if not OmegaConf.has_resolver(RESOLVER):
+        OmegaConf.register_new_resolver(RESOLVER, dirname)
+
+
+# ---------------------------------------------------------------------------------------------
+# Configs.
+
+
+def plain_config(cfg: Any) -> dict[str, Any]:
+    """The resolved config as plain JSON-able data."""
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    return dict(cfg)
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(tree, Mapping):
+        flat: dict[str, Any] = {}
+        for key, value in tree.items():
+            flat.update(flatten(value, f"{prefix}{key}."))
+        return flat or {prefix[:-1]: {}}
+    return {prefix[:-1]: tree}
+
+
+def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
+                       ignore: tuple[str, ...] = DRIVING_KEYS) -> list[str]:
+    """``key: saved → current`` for every value that differs, except under ``ignore``."""
+    a, b = flatten(saved), flatten(current)
+    return [f"{key}: {a.get(key, '<unset>')!r} → {b.get(key, '<unset>')!r}"
+            for key in sorted(set(a) | set(b))
+            if not key.startswith(ignore) and a.get(key) != b.get(key)]
+
+
+# ---------------------------------------------------------------------------------------------
+# The simulated dataset of a run.
+
+
+def simulated_dataset(cfg: Any, path: Path, simulate: Callable[[Path], Path],
+                      reuse: bool = True) -> Path:
+    """The run's own simulated dataset at ``path``: the existing one if it was made from the
+    same ``system``/``simulate``/``precision`` config (a resumed or repeated run), otherwise
+    simulated afresh through a temporary directory and a rename, so a run killed while
+    simulating never leaves a partial dataset that looks complete."""
+    wanted = {k: plain_config(cfg).get(k) for k in SIMULATION_KEYS}
+    if reuse and path.exists():
+        made_from = _simulation_config(path)
+        if made_from == wanted:
+            log.info(f"reusing the simulated dataset {path} (same system/simulate config)")
+            return path
+        log.warning(f"{path} was simulated from another config: simulating it again")
+    if jax.process_index() == 0:
+        tmp = path.with_name(f".{path.name}.tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        simulate(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        tmp.rename(path)
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices("pdefit-simulated-dataset")
+    return path
+
+
+def _simulation_config(path: Path) -> dict[str, Any] | None:
+    from . import data as zd
+
+    try:
+        provenance = zd.open_dataset(path).meta.provenance
+    except Exception:  # unreadable: simulate again
+        return None
+    config = (provenance or {}).get("config") or {}
+    return {k: config.get(k) for k in SIMULATION_KEYS}
