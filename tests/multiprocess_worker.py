@@ -24,16 +24,23 @@ from tests.test_fit import MULTIPROCESS_FIT, config  # noqa: E402
 
 
 def main() -> None:
+    import faulthandler
+    # A hang in a collective would otherwise be silent: dump stacks and exit instead.
+    faulthandler.dump_traceback_later(280, exit=True)
     pid, n_processes, port = (int(a) for a in sys.argv[1:4])
     dataset, out = Path(sys.argv[4]), Path(sys.argv[5])
     info = parallel.initialize(f"127.0.0.1:{port}", n_processes, pid)
     assert info.global_devices == 2 * n_processes, info
-    run_dir = out / f"run{pid}"
+    run_dir = out / "run"  # one directory: Orbax saves are collective across processes
     cfg = config(run_dir, *MULTIPROCESS_FIT, f"data.path={dataset}", "mesh.shape=[2,2]")
     dtype = assemble.set_precision(cfg.precision)
     setup = assemble.build_fit(cfg, dataset, dtype)
+    print("built", flush=True)
     value, grad = jax.jit(setup.problem.value_and_grad)(setup.theta0, setup.batch)
+    jax.block_until_ready(grad)
+    print("gradient", parallel.host_scalar(value), flush=True)
     summary = cli.fit(cfg)
+    print("fitted", flush=True)
     result = {
         "process": pid,
         "loss": parallel.host_scalar(value),

@@ -42,13 +42,20 @@ def test_two_processes_match_one(tmp_path):
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(WORKER.parent.parent)}
     env.pop("XLA_FLAGS", None)
+    # Output to files, not pipes: an undrained pipe would block one process inside a
+    # collective and hang the other.
+    logs = [tmp_path / f"worker{i}.log" for i in range(2)]
     workers = [subprocess.Popen([sys.executable, str(WORKER), str(i), "2", str(port),
                                  str(dataset), str(tmp_path)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                stdout=logs[i].open("w"), stderr=subprocess.STDOUT)
                for i in range(2)]
-    for w in workers:
-        output, _ = w.communicate(timeout=600)
-        assert w.returncode == 0, output[-4000:]
+    try:
+        for w, log in zip(workers, logs, strict=True):
+            w.wait(timeout=320)
+            assert w.returncode == 0, log.read_text()[-4000:]
+    finally:
+        for w in workers:
+            w.kill()
     results = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in range(2)]
 
     for r in results:
