@@ -22,9 +22,9 @@ The diffrax run solves the same ODE system (the same ``AlievPanfilov.rhs``) with
 snapshot count). Its observation loss is computed from ``SaveAt(ts=observation times)``: the saved
 frames (N/20 + 1 states) are materialised, because that is how an observation loss is written
 with diffrax; their memory is part of its temporary memory. The two codes integrate the same
-scheme: the table's last two columns give the relative difference of the loss and the largest
-componentwise relative difference of the gradient against pdefit's ``StoreAll`` (or ``Revolve``
-where ``StoreAll`` was skipped).
+scheme: the table's last two columns give the relative difference of the loss and of the gradient
+(componentwise for the parameters; relative to the largest entry for an initial-field gradient)
+against pdefit's ``StoreAll`` (or ``Revolve`` where ``StoreAll`` was skipped).
 
 For every method it reports: compile time (lower + compile of the gradient function), forward
 time (the jitted loss alone), gradient time (the jitted ``value_and_grad``), their ratio, the
@@ -33,8 +33,12 @@ inputs and outputs are not included), and for pdefit the gradient time relative 
 Once per grid size it also times the two kernels every schedule is made of (one step with its
 cost, one step's VJP) in plain ``lax.scan`` loops; for Revolve the column ``/model`` divides the
 gradient time by advances × step + N × VJP, the work its plan cannot avoid, so what remains is
-executor overhead. Times are the median (and min, in the JSON) of ``--repeats`` runs after one
-warm-up run, each ended by ``jax.block_until_ready``.
+executor overhead. Every method is compiled and run once (warm-up), then the methods are timed
+in ``--repeats`` interleaved rounds (gradient once, forward three times per round), each run
+ended by ``jax.block_until_ready``, so that load from other processes falls on all of them alike.
+The table shows the minimum (``--statistic median`` for the median; both are in the JSON),
+because the machine may be shared: the JSON records the load average after each configuration,
+the commit and the package files modified at start.
 
 Targets (from the issue) checked at the end: Revolve gradient time ≤ 0.7 × diffrax at equal
 snapshots; Revolve gradient/forward ≤ (N + extra)/N + 2, where extra is the number of
@@ -54,10 +58,13 @@ From the repository root, with the ``bench`` extra (diffrax, equinox) installed:
     python benchmarks/adjoint.py                       # the issue's grid: 128² and 256²
 
 Options: ``--steps``, ``--snapshots``, ``--schedules``, ``--nested-levels``, ``--repeats``,
-``--every``, ``--dt``, ``--grad-x0``, ``--max-store-all-gb``, ``--no-diffrax``, ``--out`` (JSON,
-default ``benchmarks/results/adjoint.json``; it is rewritten after every configuration, so an
-interrupted run keeps what it finished). On a 2-core CPU the full default grid takes well over
-20 minutes; ``--sizes 128`` and ``--sizes 256`` can be run separately.
+``--statistic``, ``--every``, ``--dt``, ``--grad-x0``, ``--max-store-all-gb``, ``--no-diffrax``,
+``--out`` (JSON, default ``benchmarks/results/adjoint.json``; it is rewritten after every
+configuration, so an interrupted run keeps what it finished).
+On the 2-core development machine (shared, load 2–4) the full default grid took about 7 minutes:
+128² about 2.5, 256² about 4.5 (``StoreAll`` runs at 128² up to N = 2000 and at 256² only for
+N = 500; it needs about 1.1 MiB per step at 128²). ``--sizes 128`` and ``--sizes 256`` can be run
+separately.
 """
 
 from __future__ import annotations
@@ -68,12 +75,13 @@ import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -91,6 +99,9 @@ FIELDS = ("u", "v")
 DTYPE = jnp.float32
 MiB = 2.0**20
 GiB = 2.0**30
+# The forward is cheap next to the gradient and is the denominator of grad/forward: time it
+# more often so that its statistic is as steady as the gradient's.
+FORWARD_RUNS_PER_ROUND = 3
 
 Pytree = Any
 
@@ -222,47 +233,53 @@ def diffrax_loss(setup: Setup, checkpoints: int
 @dataclass
 class Timing:
     compile_s: float
+    best_s: float | None  # the reported statistic (--statistic) of runs_s
     median_s: float | None
     min_s: float | None
     runs_s: list[float]
     temp_bytes: int | None
 
 
-def compile_for(fn: Callable, args: Sequence[Any]) -> tuple[Any, float, int | None]:
-    """``jax.jit(fn)`` lowered and compiled for ``args``: (compiled, seconds, temp bytes)."""
+class Compiled(NamedTuple):
+    executable: Any
+    compile_s: float
+    temp_bytes: int | None
+
+
+def compile_for(fn: Callable, args: Sequence[Any]) -> Compiled:
+    """``jax.jit(fn)`` lowered and compiled for ``args``, with the time that took and the
+    compiled program's temporary memory."""
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(*args).compile()
+    executable = jax.jit(fn).lower(*args).compile()
     seconds = time.perf_counter() - start
-    analysis = compiled.memory_analysis()
+    analysis = executable.memory_analysis()
     temp = None if analysis is None else int(analysis.temp_size_in_bytes)
-    return compiled, seconds, temp
+    return Compiled(executable, seconds, temp)
 
 
-def measure(fn: Callable, args: Sequence[Any], repeats: int, run: bool = True,
-            compiled: tuple[Any, float, int | None] | None = None) -> tuple[Timing, Any]:
-    """Compile ``fn`` for ``args`` (or take ``compiled`` from :func:`compile_for`); unless
-    ``run`` is false, warm up once and time ``repeats`` runs. Returns the timing and the
-    warm-up output."""
-    executable, compile_s, temp = compiled or compile_for(fn, args)
-    if not run:
-        return Timing(compile_s, None, None, [], temp), None
-    out = jax.block_until_ready(executable(*args))
-    runs = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(executable(*args))
-        runs.append(time.perf_counter() - start)
-    return Timing(compile_s, statistics.median(runs), min(runs), runs, temp), out
+def time_once(executable: Any, args: Sequence[Any]) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(executable(*args))
+    return time.perf_counter() - start
+
+
+def summarise(compiled: Compiled, runs: list[float], statistic: str) -> Timing:
+    if not runs:
+        return Timing(compiled.compile_s, None, None, None, [], compiled.temp_bytes)
+    median, fastest = statistics.median(runs), min(runs)
+    best = fastest if statistic == "min" else median
+    return Timing(compiled.compile_s, best, median, fastest, runs, compiled.temp_bytes)
 
 
 def max_relative_difference(a: Pytree, b: Pytree) -> float:
-    """Largest componentwise |a − b| / |b| over all leaves (|b| floored at the tiniest normal
-    float32, so exact zeros do not divide by zero)."""
+    """Largest over leaves of max|a − b| / max|b|: componentwise for the scalar parameters, and
+    relative to the field's largest entry for a gradient field (whose many near-zero entries
+    would make a pointwise ratio meaningless)."""
     worst = 0.0
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-        rel = np.abs(x - y) / np.maximum(np.abs(y), np.finfo(np.float32).tiny)
-        worst = max(worst, float(rel.max()))
+        scale = max(float(np.abs(y).max()), float(np.finfo(np.float32).tiny))
+        worst = max(worst, float(np.abs(x - y).max()) / scale)
     return worst
 
 
@@ -304,10 +321,12 @@ def step_costs(setup: Setup, repeats: int, n_steps: int = 200) -> StepCosts:
         return jax.lax.scan(body, (x0, zero), steps)[0]
 
     inputs = (setup.theta, setup.x0, setup.data)
-    forward_t, _ = measure(forward, inputs, repeats)
-    vjp_t, _ = measure(vjps, inputs, repeats)
-    assert forward_t.min_s is not None and vjp_t.min_s is not None
-    return StepCosts(n_steps, forward_t.min_s / n_steps, vjp_t.min_s / n_steps)
+    timings = []
+    for kernel in (forward, vjps):
+        compiled = compile_for(kernel, inputs)
+        jax.block_until_ready(compiled.executable(*inputs))
+        timings.append(min(time_once(compiled.executable, inputs) for _ in range(3 * repeats)))
+    return StepCosts(n_steps, timings[0] / n_steps, timings[1] / n_steps)
 
 
 @dataclass
@@ -340,37 +359,62 @@ def revolve_bound(n_steps: int, snapshots: int) -> tuple[float, int]:
 
 def run_configuration(setup: Setup, costs: StepCosts | None, args: argparse.Namespace
                       ) -> list[Row]:
+    """Compile and warm up every method, then time them in interleaved rounds (each round runs
+    every method's forward ``FORWARD_RUNS_PER_ROUND`` times and its gradient once), so that
+    load from other processes on the machine falls on all methods alike."""
     size, n_steps = setup.size, setup.n_steps
     argnums = (0, 1) if args.grad_x0 else 0
-    rows: list[Row] = []
-    gradients: dict[str, Any] = {}
-    losses: dict[str, float] = {}
-    state_bytes = sum(a.nbytes for a in setup.x0.values())
 
     def log(message: str) -> None:
         print(f"  [{size}² N={n_steps}] {message}", flush=True)
 
-    for name in args.schedules:
-        schedule = make_schedule(name, args.snapshots, args.nested_levels)
-        loss = pdefit_loss(setup, schedule)
-        inputs = (setup.theta, setup.x0, setup.data)
-        forward, value = measure(loss, inputs, args.repeats)
-        grad_fn = jax.value_and_grad(loss, argnums=argnums)
-        # Compile first; StoreAll runs only if its compiled gradient fits the memory limit.
-        compiled = compile_for(grad_fn, inputs)
-        skipped = None
-        temp = compiled[2]
+    methods: list[tuple[str, Callable, tuple[Any, ...]]] = [
+        (name, pdefit_loss(setup, make_schedule(name, args.snapshots, args.nested_levels)),
+         (setup.theta, setup.x0, setup.data))
+        for name in args.schedules
+    ]
+    if not args.no_diffrax:
+        methods.append(("diffrax", diffrax_loss(setup, args.snapshots),
+                        (setup.theta, setup.x0, setup.frames)))
+
+    compiled: dict[str, tuple[Compiled, Compiled]] = {}
+    skipped: dict[str, str] = {}
+    values: dict[str, float] = {}
+    losses: dict[str, float] = {}
+    gradients: dict[str, Any] = {}
+    for name, loss, inputs in methods:
+        forward = compile_for(loss, inputs)
+        gradient = compile_for(jax.value_and_grad(loss, argnums=argnums), inputs)
+        compiled[name] = (forward, gradient)
+        temp = gradient.temp_bytes
         if name == "store_all" and temp is not None and temp > args.max_store_all_gb * GiB:
-            skipped = f"temp {temp / GiB:.1f} GiB > --max-store-all-gb {args.max_store_all_gb}"
-        gradient, out = measure(grad_fn, inputs, args.repeats, run=not skipped,
-                                compiled=compiled)
-        if not skipped:
-            losses[name] = float(out[0])
-            gradients[name] = out[1]
-        row = Row(size, n_steps, name, args.snapshots if name == "revolve" else None,
-                  forward, gradient, float(value), skipped=skipped)
-        if gradient.median_s is not None:
-            row.grad_over_forward = gradient.median_s / forward.median_s
+            skipped[name] = (f"temp {temp / GiB:.1f} GiB > --max-store-all-gb "
+                             f"{args.max_store_all_gb}")
+        values[name] = float(jax.block_until_ready(forward.executable(*inputs)))  # warm-up
+        if name not in skipped:
+            value, grad = jax.block_until_ready(gradient.executable(*inputs))
+            losses[name], gradients[name] = float(value), grad
+        log(f"{name}: compiled in {forward.compile_s + gradient.compile_s:.1f} s, gradient temp "
+            f"{'?' if temp is None else f'{temp / MiB:.1f}'} MiB"
+            + (f"; not run ({skipped[name]})" if name in skipped else ""))
+
+    runs: dict[str, tuple[list[float], list[float]]] = {name: ([], []) for name, *_ in methods}
+    for _ in range(args.repeats):
+        for name, _, inputs in methods:
+            forward, gradient = compiled[name]
+            runs[name][0].extend(time_once(forward.executable, inputs)
+                                 for _ in range(FORWARD_RUNS_PER_ROUND))
+            if name not in skipped:
+                runs[name][1].append(time_once(gradient.executable, inputs))
+
+    rows: list[Row] = []
+    for name, *_ in methods:
+        forward = summarise(compiled[name][0], runs[name][0], args.statistic)
+        gradient = summarise(compiled[name][1], runs[name][1], args.statistic)
+        row = Row(size, n_steps, name, None if name in ("store_all", "nested") else args.snapshots,
+                  forward, gradient, values[name], skipped=skipped.get(name))
+        if gradient.best_s is not None and forward.best_s:
+            row.grad_over_forward = gradient.best_s / forward.best_s
         if name == "revolve":
             row.revolve_bound, row.revolve_advances = revolve_bound(n_steps, args.snapshots)
             if costs is not None:
@@ -378,25 +422,14 @@ def run_configuration(setup: Setup, costs: StepCosts | None, args: argparse.Name
                 row.work_model_s = (row.revolve_advances * costs.step_s
                                     + n_steps * costs.vjp_s)
         rows.append(row)
-        log(f"{name}: forward {forward.median_s * 1e3:.0f} ms, gradient "
-            + ("skipped (" + skipped + ")" if skipped else f"{gradient.median_s * 1e3:.0f} ms")
-            + f", temp {gradient.temp_bytes / MiB:.1f} MiB (state {state_bytes / MiB:.2f} MiB)")
+        log(f"{name}: forward {forward.best_s * 1e3:.0f} ms, gradient "
+            + ("not run" if gradient.best_s is None else f"{gradient.best_s * 1e3:.0f} ms"))
 
-    if not args.no_diffrax:
-        loss = diffrax_loss(setup, args.snapshots)
-        inputs = (setup.theta, setup.x0, setup.frames)
-        forward, value = measure(loss, inputs, args.repeats)
-        gradient, out = measure(jax.value_and_grad(loss, argnums=argnums), inputs, args.repeats)
-        losses["diffrax"] = float(out[0])
-        gradients["diffrax"] = out[1]
-        row = Row(size, n_steps, "diffrax", args.snapshots, forward, gradient, float(value),
-                  grad_over_forward=gradient.median_s / forward.median_s)
-        rows.append(row)
-        log(f"diffrax: forward {forward.median_s * 1e3:.0f} ms, gradient "
-            f"{gradient.median_s * 1e3:.0f} ms, temp {gradient.temp_bytes / MiB:.1f} MiB")
-        for r in rows[:-1]:
-            if r.gradient.median_s is not None:
-                r.over_diffrax = r.gradient.median_s / gradient.median_s
+    diffrax_row = next((r for r in rows if r.method == "diffrax"), None)
+    if diffrax_row is not None and diffrax_row.gradient.best_s:
+        for r in rows:
+            if r is not diffrax_row and r.gradient.best_s is not None:
+                r.over_diffrax = r.gradient.best_s / diffrax_row.gradient.best_s
 
     reference = next((s for s in ("store_all", "revolve", "nested") if s in gradients), None)
     if reference is not None:
@@ -428,12 +461,12 @@ def table(rows: Sequence[Row]) -> str:
         lines.append((
             f"{r.size}²", str(r.n_steps), r.method + (" *" if r.skipped else ""),
             _fmt(r.snapshots, "d"),
-            _fmt(None if r.forward.median_s is None else r.forward.median_s * 1e3, ".1f"),
-            _fmt(None if r.gradient.median_s is None else r.gradient.median_s * 1e3, ".1f"),
+            _fmt(None if r.forward.best_s is None else r.forward.best_s * 1e3, ".1f"),
+            _fmt(None if r.gradient.best_s is None else r.gradient.best_s * 1e3, ".1f"),
             _fmt(r.grad_over_forward, ".2f"), _fmt(r.revolve_bound, ".2f"),
             _fmt(r.over_diffrax, ".2f"),
-            _fmt(None if r.work_model_s is None or r.gradient.median_s is None
-                 else r.gradient.median_s / r.work_model_s, ".2f"),
+            _fmt(None if r.work_model_s is None or r.gradient.best_s is None
+                 else r.gradient.best_s / r.work_model_s, ".2f"),
             _fmt(None if r.gradient.temp_bytes is None else r.gradient.temp_bytes / MiB, ".1f"),
             _fmt(r.gradient.compile_s, ".1f"), _fmt(r.loss_rel_diff, ".1e"),
             _fmt(r.grad_rel_diff, ".1e"),
@@ -517,22 +550,42 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def source_info() -> dict[str, Any]:
+    """The commit the benchmark started on and the package files that differed from it then
+    (the package is imported at start, so later edits do not affect the run)."""
+    root = Path(__file__).resolve().parent.parent
+
+    def git(*command: str) -> str:
+        return subprocess.run(["git", *command], cwd=root, capture_output=True, text=True,
+                              check=True, timeout=30).stdout.strip()
+
+    try:
+        return {"commit": git("rev-parse", "HEAD"),
+                "modified": git("status", "--porcelain", "--", "pdefit", "systems").splitlines()}
+    except (OSError, subprocess.SubprocessError):
+        return {"commit": None, "modified": None}
+
+
 def row_dict(r: Row) -> dict[str, Any]:
     return asdict(r)
 
 
 def write_json(path: Path, args: argparse.Namespace, rows: Sequence[Row],
-               costs: dict[int, StepCosts], complete: bool, started: float) -> None:
+               costs: dict[int, StepCosts], source: dict[str, Any], complete: bool,
+               started: float) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     payload = {
         "benchmark": "adjoint",
         "command": [sys.executable, *sys.argv],
         "config": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "machine": machine_info(),
+        "source": source,
         "complete": complete,
         "elapsed_s": time.perf_counter() - started,
         "notes": {
-            "times": "seconds; median and min of `repeats` runs after one warm-up run",
+            "times": "seconds; median and min of the timed runs after one warm-up run "
+                     f"(`repeats` rounds, methods interleaved; forward {FORWARD_RUNS_PER_ROUND}"
+                     " runs per round); best_s and all ratios use config.statistic",
             "temp_bytes": "compiled.memory_analysis().temp_size_in_bytes of the gradient "
                           "function (arguments and outputs not included)",
             "revolve_bound": "(N + extra)/N + 2, extra = revolve_recomputations(N, s) - (N - 1)",
@@ -569,6 +622,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
     parser.add_argument("--nested-levels", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up")
+    parser.add_argument("--statistic", choices=("min", "median"), default="min",
+                        help="which statistic of the timed runs the table and the ratios use "
+                             "(both are in the JSON); min is the least disturbed by other load")
     parser.add_argument("--dt", type=float, default=0.05)
     parser.add_argument("--every", type=int, default=20, help="observation interval in steps")
     parser.add_argument("--grad-x0", action="store_true",
@@ -591,6 +647,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     started = time.perf_counter()
+    source = source_info()
     info = machine_info()
     print(f"jax {info['jax']} on {info['device_kind']} ({info['cpu_count']} CPUs), "
           f"diffrax {info.get('diffrax', 'not installed')}; sizes {args.sizes}, N {args.steps}, "
@@ -605,15 +662,15 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(f"  [{size}²] one step {c.step_s * 1e6:.1f} us, one step's VJP "
                       f"{c.vjp_s * 1e6:.1f} us (= {c.vjp_s / c.step_s:.2f} steps)", flush=True)
             rows.extend(run_configuration(setup, costs[size], args))
-            write_json(args.out, args, rows, costs, complete=False, started=started)
-    write_json(args.out, args, rows, costs, complete=True, started=started)
+            write_json(args.out, args, rows, costs, source, complete=False, started=started)
+    write_json(args.out, args, rows, costs, source, complete=True, started=started)
     print()
     print(table(rows))
-    print("times are medians; grad/fwd = gradient time / the same method's forward time; bound ="
-          " (N + extra)/N + 2; /diffrax = gradient time / diffrax's;\n/model = gradient time / "
-          "(advances x one step + N x one step's VJP), the work Revolve cannot avoid; loss rel,"
-          " grad rel = largest\nrelative difference vs store_all (revolve where store_all did not"
-          " run); * = compiled for its memory, not run")
+    print(f"times: {args.statistic} of {args.repeats} runs; grad/fwd = gradient time / the same "
+          "method's forward time; bound = (N + extra)/N + 2;\n/diffrax = gradient time / "
+          "diffrax's; /model = gradient time / (advances x one step + N x one step's VJP), the "
+          "work Revolve\ncannot avoid; loss rel, grad rel = largest relative difference vs "
+          "store_all (revolve where store_all did not run);\n* = compiled for its memory, not run")
     print_targets(targets(rows))
     elapsed = time.perf_counter() - started
     print(f"\nwrote {args.out} in {elapsed:.0f} s ({math.ceil(elapsed / 60)} min)")

@@ -1,13 +1,14 @@
-"""Shared test setup: 8 virtual CPU devices, float64 by default (gradient checks need it); tests that want float32
-say so explicitly, and whatever a test does to the precision switch is undone after it."""
+"""Shared test setup: 8 virtual CPU devices, float64 by default (gradient checks need it);
+tests that want float32 say so explicitly, and whatever a test does to the precision switch is
+undone after it."""
 
 import os
 
 # Eight virtual CPU devices for the multi-device tests; set before JAX starts its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 
-import jax  # noqa: E402
-import pytest  # noqa: E402
+import jax
+import pytest
 
 jax.config.update("jax_enable_x64", True)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
-import jax  # noqa: E402
+import jax
 
-from pdefit import assemble, cli, parallel  # noqa: E402
+from pdefit import assemble, cli, parallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from tests.test_fit import MULTIPROCESS_FIT, config  # noqa: E402
+from tests.test_fit import MULTIPROCESS_FIT, config
 
 
 def main() -> None:

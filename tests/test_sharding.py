@@ -61,7 +61,7 @@ def test_tile_halo_exchange_matches_global_padding():
         u = jnp.arange(96.0).reshape(1, 8, 12) ** 1.5
         domain = Domain.build((2, 4))
         tiles = domain.tile_grid(grid)
-        padded = jax.shard_map(lambda t: tiles.pad(t, 2)[None], mesh=domain.mesh,
+        padded = jax.shard_map(lambda t, tiles=tiles: tiles.pad(t, 2)[None], mesh=domain.mesh,
                                in_specs=P(*AXES), out_specs=P(("e", "y", "x")))(u)
         expected = grid.pad(u, 2)[0]
         for k, block in enumerate(np.asarray(padded)):
