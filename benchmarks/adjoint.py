@@ -91,6 +91,8 @@ from pdefit.adjoint import LossChain, Nested, Revolve, StoreAll, revolve_recompu
 from pdefit.grid import Grid
 from pdefit.integrate import simulate
 from pdefit.observe import Observation, ObservedData, observed_data
+from pdefit.params import ParameterLayout
+from pdefit.problem import FitProblem
 from pdefit.system import stepper
 from systems.aliev_panfilov import AP96, AlievPanfilov
 
@@ -167,17 +169,12 @@ def make_setup(size: int, n_steps: int, dt: float, every: int) -> Setup:
 
 
 def pdefit_chain(setup: Setup) -> LossChain:
-    """The loss chain, built as :meth:`pdefit.problem.FitProblem.chain` builds it."""
-    one_step = stepper(setup.system, setup.grid, "euler")
-    dt, observation = setup.dt, setup.observation
-
-    def step(state, params, n):
-        return one_step(state, params, n * dt, dt)
-
-    def cost(state, params, n, data):
-        return observation.cost(state, data, n)
-
-    return LossChain(step, cost)
+    """The loss chain exactly as a fit builds it (:meth:`pdefit.problem.FitProblem.chain`)."""
+    layout = ParameterLayout.build(setup.system.params, AP96, [])
+    problem = FitProblem(system=setup.system, grid=setup.grid, dt=setup.dt, integrator="euler",
+                         n_steps=setup.n_steps, layout=layout, observation=setup.observation,
+                         schedule=StoreAll())
+    return problem.chain()
 
 
 def make_schedule(name: str, snapshots: int, levels: int) -> StoreAll | Nested | Revolve:

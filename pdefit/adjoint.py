@@ -44,10 +44,15 @@ Data = Any
 
 
 class LossChain(NamedTuple):
-    """The two functions that define a loss along a trajectory (see the module docstring)."""
+    """The functions that define a loss along a trajectory (see the module docstring).
+
+    ``observed(n, data)``, when given, says whether ``cost`` can be nonzero at step ``n``;
+    revolve then linearises the cost only at those steps (differentiating through a cost
+    that branches on the step costs about one more forward step at every step)."""
 
     step: Callable[[State, Theta, Any], State]
     cost: Callable[[State, Theta, Any, Data], Any]
+    observed: Callable[[Any, Data], Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -357,9 +362,20 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
 
             return jax.lax.fori_loop(0, count, one, (x, i))
 
-        def reverse(x, i, xbar, thetabar):
+        def reverse_with_cost(x, i, xbar):
             _, vjp = jax.vjp(lambda x_, th: transition(x_, th, i, data), x, theta)
-            xbar, step_thetabar = vjp((xbar, g))
+            return vjp((xbar, g))
+
+        def reverse_step_only(x, i, xbar):
+            _, vjp = jax.vjp(lambda x_, th: chain.step(x_, th, i), x, theta)
+            return vjp(xbar)
+
+        def reverse(x, i, xbar, thetabar):
+            if chain.observed is None:
+                xbar, step_thetabar = reverse_with_cost(x, i, xbar)
+            else:
+                xbar, step_thetabar = jax.lax.cond(chain.observed(i, data), reverse_with_cost,
+                                                   reverse_step_only, x, i, xbar)
             return xbar, jax.tree.map(jnp.add, thetabar, step_thetabar)
 
         def segment(k, carry):

@@ -70,6 +70,11 @@ class Observation:
                 w * (predicted - obs) ** 2)
         return total
 
+    @staticmethod
+    def observed(data: ObservedData, n: Any) -> jnp.ndarray:
+        """Whether a frame is observed at step ``n``."""
+        return data.slot_of_step[n] >= 0
+
     def cost(self, state, data: ObservedData, n: Any) -> jnp.ndarray:
         """The loss term at step ``n`` (zero where no frame is observed)."""
         slot = data.slot_of_step[n]

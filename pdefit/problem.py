@@ -74,7 +74,10 @@ class FitProblem:
         def cost(state, params, n, data):
             return observation.cost(state, data, n)
 
-        return LossChain(step, cost)
+        def observed(n, data):
+            return observation.observed(data, n)
+
+        return LossChain(step, cost, observed)
 
     def initial_state(self, theta: Mapping[str, Any], batch: Batch) -> dict[str, jnp.ndarray]:
         fields = theta.get("fields", {})
