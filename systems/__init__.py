@@ -9,9 +9,11 @@ from __future__ import annotations
 from typing import Any
 
 from .aliev_panfilov import AlievPanfilov
+from .bocf import BOCF
 
 REGISTRY: dict[str, type] = {
     AlievPanfilov.name: AlievPanfilov,
+    BOCF.name: BOCF,
 }
 
 

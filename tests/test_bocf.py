@@ -1,0 +1,173 @@
+"""The BOCF minimal model: the published single-cell check (EPI APD90 ≈ 269 ms, V_max ≈ 41.5
+mV), Rush–Larsen against forward Euler, the stable-dt check, a small parameter recovery and
+revolve gradients through a BOCF rollout."""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pdefit.adjoint import Revolve, StoreAll
+from pdefit.config import OptimConfig
+from pdefit.grid import Grid
+from pdefit.integrate import simulate
+from pdefit.observe import Observation, observed_data
+from pdefit.params import ParameterLayout
+from pdefit.problem import Batch, FitProblem
+from pdefit.system import UnstableTimeStepError, check_time_step, default_params, stepper
+from pdefit.train import run_fit
+from systems import get_system
+from systems.bocf import BOCF, parameter_values
+
+NEUMANN = ("neumann", "neumann")
+CELL = Grid((1, 1), (1.0, 1.0), NEUMANN)  # one cell: the no-flux Laplacian is zero
+PACING_DT = 0.005  # ms, the published protocol
+CYCLE = 1000.0  # ms
+BEAT_STEPS = round(CYCLE / PACING_DT)
+BEATS = 8
+
+
+def paced_trace(method: str) -> np.ndarray:
+    """u of one EPI cell paced at 1000 ms (0.5/ms for 1 ms per beat), every step of 8 beats."""
+    system = BOCF(stimulus_amplitude=0.5, stimulus_period=CYCLE, stimulus_duration=1.0)
+    params = {k: jnp.asarray(v) for k, v in default_params(system).items()}
+    run = jax.jit(simulate, static_argnums=(0, 5, 6))
+    frames = run(stepper(system, CELL, method), system.resting_state(CELL, jnp.float64),
+                 params, 0.0, PACING_DT, BEATS * BEAT_STEPS, 1)
+    return np.asarray(frames["u"])[:, 0, 0]
+
+
+def last_beat(u: np.ndarray) -> tuple[float, float]:
+    """(APD90 in ms, V_max in mV) of the last beat: from the steepest upstroke to the first
+    fall below u_rest + 0.1 (u_max − u_rest), u_rest taken just before the stimulus."""
+    beat = u[(BEATS - 1) * BEAT_STEPS:]
+    upstroke = int(np.argmax(np.diff(beat)))
+    u_rest, u_max = beat[0], beat.max()
+    below = np.nonzero(beat[upstroke:] < u_rest + 0.1 * (u_max - u_rest))[0]
+    assert below.size, "the action potential did not repolarise within the cycle"
+    return below[0] * PACING_DT, 85.7 * u_max - 84.0
+
+
+@pytest.fixture(scope="module")
+def pacing() -> dict[str, tuple[float, float]]:
+    return {method: last_beat(paced_trace(method)) for method in ("euler", "rush_larsen")}
+
+
+def test_epi_single_cell_apd90_matches_the_paper(pacing):
+    apd, v_max = pacing["euler"]
+    assert apd == pytest.approx(269.0, rel=0.02)
+    assert v_max == pytest.approx(41.5, abs=1.5)
+
+
+def test_rush_larsen_agrees_with_euler(pacing):
+    assert pacing["rush_larsen"][0] == pytest.approx(pacing["euler"][0], rel=0.01)
+
+
+def test_parameter_sets_and_registry():
+    system = get_system("bocf", parameter_set="TNNP")
+    assert len(system.params) == 29
+    assert system.params["theta_w"].default == 0.015
+    assert BOCF().params["theta_w"].default == 0.13  # EPI by default
+    assert parameter_values("M")["tau_s2"] == 4.0
+    with pytest.raises(ValueError, match="parameter set"):
+        BOCF(parameter_set="epi")
+
+
+def test_stable_time_step_is_checked():
+    system = BOCF()
+    params = default_params(system)
+    # One cell: the fast inward current alone, dt ≲ 2 τfi/(u_u − θv) ≈ 0.17 ms.
+    assert check_time_step(system, params, CELL, PACING_DT, "euler") > 0.15
+    with pytest.raises(UnstableTimeStepError):
+        check_time_step(system, params, CELL, 0.2, "euler")
+    # Tissue, 0.25 mm cells: diffusion adds D·8/dx² ≈ 15/ms to the ≈ 11/ms of the upstroke.
+    tissue = Grid((8, 8), (0.25, 0.25), NEUMANN)
+    check_time_step(system, params, tissue, 0.05, "rush_larsen")
+    with pytest.raises(UnstableTimeStepError):
+        check_time_step(system, params, tissue, 0.08, "euler")
+
+
+# ---------------------------------------------------------------------------------------------
+# Tissue: the seed paper's lattice (TNNP, 9-point, dx = 1, D = 0.1) on a small grid.
+
+TISSUE = BOCF(parameter_set="TNNP", laplacian="9pt", init_stimuli=6, init_duration=60.0)
+TISSUE_GRID = Grid((24, 24), (1.0, 1.0), NEUMANN)
+TISSUE_PARAMS = {**parameter_values("TNNP"), "D": 0.1}
+DT = 0.05
+N_STEPS = 300  # 15 ms
+EVERY = 20  # a frame per ms
+FITTED = ("tau_fi", "tau_si", "u_u", "D")
+
+
+@functools.cache
+def tissue_data() -> tuple[dict[str, jnp.ndarray], dict[str, np.ndarray]]:
+    """The seeded initial state and its frames (every EVERY steps over N_STEPS), made once."""
+    x0 = TISSUE.initial_state(TISSUE_GRID, TISSUE_PARAMS, seed=0)
+    params = {k: jnp.asarray(v) for k, v in TISSUE_PARAMS.items()}
+    step = stepper(TISSUE, TISSUE_GRID, "rush_larsen")
+    run = jax.jit(simulate, static_argnums=(0, 5, 6))
+    frames = run(step, x0, params, 0.0, DT, N_STEPS, EVERY)
+    return x0, {f: np.asarray(v) for f, v in frames.items()}
+
+
+def tissue_problem(schedule, fitted=FITTED, n_steps=N_STEPS, seed=7):
+    """(problem, batch, theta_true, theta_start): data from the true parameters, all four
+    fields observed, start = truth × U(0.8, 1.2)."""
+    x0, frames = tissue_data()
+    frame_steps = list(range(0, n_steps + 1, EVERY))
+    observation = Observation(TISSUE.fields)
+    values = {f: frames[f][None, : len(frame_steps)] for f in TISSUE.fields}
+    observed = observed_data(observation, values, {f: None for f in TISSUE.fields},
+                             frame_steps, n_steps, jnp.float64)
+    layout = ParameterLayout.build(TISSUE.params, TISSUE_PARAMS, list(fitted), system_name="bocf")
+    problem = FitProblem(system=TISSUE, grid=TISSUE_GRID, dt=DT, integrator="rush_larsen",
+                         n_steps=n_steps, layout=layout, observation=observation,
+                         schedule=schedule)
+    batch = Batch(observed, {f: x0[f][None] for f in TISSUE.fields})
+    factors = np.random.default_rng(seed).uniform(0.8, 1.2, len(fitted))
+    start = {**TISSUE_PARAMS, **{n: TISSUE_PARAMS[n] * f for n, f in zip(fitted, factors,
+                                                                        strict=True)}}
+    theta_true = {"params": layout.unconstrained(TISSUE_PARAMS), "fields": {}}
+    theta_start = {"params": layout.unconstrained(start), "fields": {}}
+    return problem, batch, theta_true, theta_start
+
+
+def test_initial_state_is_active_and_stable_dt_holds():
+    x0, frames = tissue_data()
+    u = np.asarray(x0["u"])
+    assert np.all(np.isfinite(u))
+    assert 0.05 < np.mean(u > 0.5) < 0.95  # both excited and resting/recovering tissue
+    # The data window stays bounded (u below u_u + a little, gates in [0, 1]).
+    assert frames["u"].min() > -0.01 and frames["u"].max() < 1.7
+    for gate in ("v", "w", "s"):
+        assert frames[gate].min() >= -1e-12 and frames[gate].max() <= 1.0 + 1e-6
+    assert check_time_step(TISSUE, TISSUE_PARAMS, TISSUE_GRID, DT, "rush_larsen") > 0.1
+
+
+def test_recovers_four_parameters_from_a_short_window():
+    problem, batch, _, theta0 = tissue_problem(StoreAll())
+    started = time.perf_counter()
+    state, _ = run_fit(problem.loss, theta0, batch,
+                       OptimConfig(name="lbfgs", steps=60, clip=None, grad_tol=1e-7),
+                       progress=False, log=lambda _: None)
+    fitted = problem.layout.physical(state.theta["params"])
+    errors = {n: abs(float(fitted[n]) / TISSUE_PARAMS[n] - 1.0) for n in FITTED}
+    print("relative errors", errors, f"{time.perf_counter() - started:.1f} s")
+    assert max(errors.values()) < 0.01, errors
+
+
+def test_revolve_gradient_equals_store_all():
+    fitted = ("tau_fi", "u_u", "tau_si")
+    grads = []
+    for schedule in (StoreAll(), Revolve(snapshots=7)):
+        problem, batch, _, theta0 = tissue_problem(schedule, fitted, n_steps=120)
+        grads.append(jax.jit(jax.grad(problem.loss))(theta0, batch)["params"])
+    for name in fitted:
+        ref, rev = float(grads[0][name]), float(grads[1][name])
+        assert ref != 0.0
+        assert abs(rev - ref) <= 1e-10 * abs(ref), (name, ref, rev)
