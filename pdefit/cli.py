@@ -111,9 +111,10 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         print(f"mean relative error {100 * summary['mean_rel_error']:.3f} %, median "
               f"{100 * summary['median_rel_error']:.3f} %  (loss {history.losses[0]:.3e} → "
               f"{history.best_loss:.3e}, {history.wall_time:.1f} s)")
-    if cfg.run.plots:
+    if cfg.run.plots and jax.process_index() == 0:
         plot_loss(history.losses, out / "loss.png")
-        _plot_prediction(problem, setup, theta, out / "fields.png")
+        if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
+            _plot_prediction(problem, setup, theta, out / "fields.png")
     log.info(f"outputs in {out}")
     return summary
 
@@ -125,12 +126,16 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
     picks = np.unique(np.linspace(0, len(slots) - 1, 4).round().astype(int))
     x0 = jax.tree.map(lambda a: a[0], problem.initial_state(theta, setup.batch))
     params = problem.physical_params(theta)
+    # Keep only every `every`-th state, the largest interval that still hits every frame.
+    every = int(np.gcd.reduce(slots[1:])) if len(slots) > 1 else problem.n_steps
     frames = jax.jit(simulate, static_argnums=(0, 5, 6))(
         stepper(problem.system, problem.grid, problem.integrator), x0, params, problem.t0,
-        problem.dt, problem.n_steps, 1)
+        problem.dt, problem.n_steps, every)
     steps = slots[picks]
-    observed = {f: np.asarray(obs.values[f][0])[picks] for f in problem.observation.fields}
-    predicted = {f: np.asarray(v)[steps] for f, v in problem.observation.project(frames).items()}
+    observed = {f: parallel.host_array(obs.values[f])[0][picks]
+                for f in problem.observation.fields}
+    predicted = {f: np.asarray(v)[steps // every]
+                 for f, v in problem.observation.project(frames).items()}
     plot_fields(observed, predicted, [problem.t0 + s * problem.dt for s in steps], path)
 
 

@@ -17,6 +17,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .parallel import host_array
+
 LOSSES = ("mse", "relative_mse")
 
 
@@ -100,8 +102,6 @@ def observed_data(observation: Observation, values: Mapping[str, Any],
     strided like the model projection (NumPy or a sharded global array: the result keeps its
     placement); ``masks[f]`` is a bool array of the same shape or None; ``frame_steps[j]`` is
     the step index of frame j."""
-    from .parallel import host_array
-
     slot_of_step = np.full(n_steps + 1, -1, np.int32)
     for slot, step in enumerate(frame_steps):
         if not 0 <= step <= n_steps:
