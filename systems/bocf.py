@@ -269,8 +269,11 @@ class BOCF:
         (Weyl), so dt·(D·ρ(L) + (u_u − θv)/τfi) ≤ 2, ρ(L) = 8/dx² (5pt; dt ≤ dx²/(4D) for
         diffusion alone) or 16/(3dx²) (9pt; 3dx²/(8D)). The gates' own limits (dt ≤ 2τ for
         the smallest time constant) never bind for the published sets but are kept for
-        parameters far from them. Accuracy is stricter than stability: conduction velocity
-        is within ~2 % of its dt → 0 value only for dt ≤ 0.02 ms.
+        parameters far from them. The bound is sufficient, not sharp: v inactivates within
+        τv⁺ ≈ 1.5 ms of the upstroke, so a single cell survives dt = 0.25 ms with a larger
+        overshoot, whereas tissue above the diffusion limit alone blows up. Accuracy is
+        stricter than stability: conduction velocity is within ~2 % of its dt → 0 value only
+        for dt ≤ 0.02 ms.
         """
         p = {k: float(v) for k, v in params.items()}
         fast = max(p["u_u"] - p["theta_v"], 0.0) / p["tau_fi"]

@@ -90,6 +90,15 @@ def test_stable_time_step_is_checked():
     check_time_step(system, params, tissue, 0.05, "rush_larsen")
     with pytest.raises(UnstableTimeStepError):
         check_time_step(system, params, tissue, 0.08, "euler")
+    # What the check guards against: above the diffusion limit dx²/(4D) ≈ 0.133 ms a resting
+    # checkerboard ripple grows; at the accepted dt it decays.
+    ripple = 1e-3 * (-1.0) ** np.add.outer(np.arange(8), np.arange(8))
+    x0 = {**system.resting_state(tissue, jnp.float64), "u": jnp.asarray(0.002 + ripple)}
+    run = jax.jit(simulate, static_argnums=(0, 5, 6))
+    p = {k: jnp.asarray(v) for k, v in params.items()}
+    for dt, grows in ((0.05, False), (0.14, True)):
+        u = np.asarray(run(stepper(system, tissue, "euler"), x0, p, 0.0, dt, 200, 200)["u"][-1])
+        assert (np.ptp(u) > 100 * np.ptp(ripple)) == grows, (dt, np.ptp(u))
 
 
 # ---------------------------------------------------------------------------------------------
