@@ -17,7 +17,7 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from . import assemble, parallel
+from . import assemble, batch, parallel
 from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import register_configs
 from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
@@ -63,7 +63,11 @@ def simulate_main(cfg: DictConfig) -> None:
     dtype = assemble.set_precision(cfg.precision)
     _start_processes(cfg)
     path = Path(hydra.utils.to_absolute_path(cfg.simulate.output))
-    assemble.simulate_dataset(cfg, path, dtype, log=log.info)
+    if cfg.simulate.tasks > 1:
+        batch.simulate_share(cfg, path, dtype, cfg.simulate.task, cfg.simulate.tasks,
+                             log=log.info)
+    else:
+        assemble.simulate_dataset(cfg, path, dtype, log=log.info)
     log.info(f"wrote {path}")
 
 

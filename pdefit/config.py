@@ -49,6 +49,10 @@ class SimulateConfig:
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     output: str = "data.zarr"
     frames_per_shard: int = 16
+    # A job array (slurm/simulate.sbatch): this is task `task` of `tasks`, each writing a
+    # contiguous block of the experiments; tasks=1 writes everything.
+    task: int = 0
+    tasks: int = 1
 
 
 @dataclass

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from omegaconf import OmegaConf
 
 log = logging.getLogger("pdefit")
@@ -96,27 +97,45 @@ def simulated_dataset(cfg: Any, path: Path, simulate: Callable[[Path], Path],
                       reuse: bool = True) -> Path:
     """The run's own simulated dataset at ``path``: the existing one if it was made from the
     same ``system``/``simulate``/``precision`` config (a resumed or repeated run), otherwise
-    simulated afresh through a temporary directory and a rename, so a run killed while
-    simulating never leaves a partial dataset that looks complete."""
+    simulated afresh into a temporary directory that is renamed into place once complete, so
+    a run killed while simulating never leaves a partial dataset that looks complete.
+
+    ``simulate(path)`` is called by every process (each may write its own experiments); the
+    decision to reuse is process 0's, so all processes take it together."""
     wanted = {k: plain_config(cfg).get(k) for k in SIMULATION_KEYS}
-    if reuse and path.exists():
-        made_from = _simulation_config(path)
-        if made_from == wanted:
-            log.info(f"reusing the simulated dataset {path} (same system/simulate config)")
-            return path
+    found = reuse and path.exists() and _simulation_config(path) == wanted
+    if _from_process_0(found):
+        log.info(f"reusing the simulated dataset {path} (same system/simulate config)")
+        return path
+    if path.exists():
         log.warning(f"{path} was simulated from another config: simulating it again")
-    if jax.process_index() == 0:
-        tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.tmp")
+    primary = jax.process_index() == 0
+    if primary:
         shutil.rmtree(tmp, ignore_errors=True)
-        simulate(tmp)
+    _barrier("pdefit-simulation-start")
+    simulate(tmp)
+    if primary:
         if path.exists():
             shutil.rmtree(path)
         tmp.rename(path)
+    _barrier("pdefit-simulation-renamed")
+    return path
+
+
+def _from_process_0(flag: bool) -> bool:
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+
+    return bool(multihost_utils.broadcast_one_to_all(np.asarray(flag, np.int32)))
+
+
+def _barrier(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
 
-        multihost_utils.sync_global_devices("pdefit-simulated-dataset")
-    return path
+        multihost_utils.sync_global_devices(name)
 
 
 def _simulation_config(path: Path) -> dict[str, Any] | None:

@@ -230,6 +230,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
 
     store = None
     if checkpoint:
+        _require_one_directory(checkpoint.directory)
         if not resume:
             removed = remove_checkpoints(checkpoint.directory)
             if removed:
@@ -395,6 +396,21 @@ def _check_compatible(restored: Any, config: Mapping[str, Any], fingerprint: str
         raise ResumeMismatchError(
             f"the data differ from those the checkpoints in {store.directory} were made "
             f"with. {hint}")
+
+
+def _require_one_directory(directory: Path) -> None:
+    """The processes of one run save one checkpoint together (each writes its own shards), so
+    they must name the same directory; otherwise each waits for the others' files forever."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    digest = hashlib.sha256(str(Path(directory).absolute()).encode()).digest()[:8]
+    digests = multihost_utils.process_allgather(np.frombuffer(digest, np.int64))
+    if not np.all(digests == digests[0]):
+        raise ValueError(f"the {jax.process_count()} processes of this run use different "
+                         f"checkpoint directories ({directory} in process "
+                         f"{jax.process_index()}); give them one shared run.dir")
 
 
 def _open_metrics(path: Path | None, records: list[dict[str, Any]], current: Any = None):
