@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test lint bench clean slurm-deps
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,10 +18,21 @@ setup: $(STAMP)
 demo: setup
 	$(BIN)/pdefit-fit
 
-## test: lint and run the whole test suite
-test: setup
+## test: lint and run the whole test suite (the Slurm tests need slurm-deps, else they skip)
+test: setup slurm-deps
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+## slurm-deps: Debian's slurm-wlm and munge for tests/test_slurm.py (installed as root only)
+slurm-deps:
+	@if [ -x /usr/sbin/slurmctld ] && [ -x /usr/sbin/slurmd ] && [ -x /usr/sbin/munged ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing slurm-wlm and munge for the Slurm tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  { apt-get update -qq && apt-get install -y -qq slurm-wlm munge >/dev/null; } || \
+	  echo "could not install slurm-wlm and munge: the Slurm tests will be skipped"; \
+	else echo "slurm-wlm and munge are not installed (root and apt-get needed):" \
+	  "the Slurm tests will be skipped"; fi
 
 lint: setup
 	$(BIN)/ruff check .

@@ -217,8 +217,6 @@ def test_cli_resumes_reuses_data_and_refuses_another_config(tmp_path, caplog):
     line), reuses the simulated dataset, reports the restart; a changed config is refused,
     ``run.resume=false`` starts over."""
     overrides = ["precision=float32", *ADAM, "optim.steps=10", "run.checkpoint_every=3"]
-    reference = cli.fit(make_config(tmp_path / "ref", *overrides))
-
     run_dir = tmp_path / "run"
     cfg = make_config(run_dir, *overrides)
     fit = functools.partial(cli.run_fit, on_step=signal_at({6: signal.SIGTERM}))
@@ -234,9 +232,7 @@ def test_cli_resumes_reuses_data_and_refuses_another_config(tmp_path, caplog):
     assert any("resuming from checkpoint step 6" in r.message for r in caplog.records)
     assert any("reusing the simulated dataset" in r.message for r in caplog.records)
     assert (run_dir / "data.zarr" / "zarr.json").stat().st_mtime_ns == data_mtime
-    assert summary["restarts"] == 1
-    same = ("final_loss", "best_loss", "initial_loss", "parameters", "optimizer_steps")
-    assert {k: summary[k] for k in same} == {k: reference[k] for k in same}
+    assert summary["restarts"] == 1 and summary["optimizer_steps"] == 10
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["step"] for x in lines] == list(range(10))
     assert json.loads((run_dir / "status.json").read_text())["status"] == "done"
@@ -244,7 +240,7 @@ def test_cli_resumes_reuses_data_and_refuses_another_config(tmp_path, caplog):
     with pytest.raises(ResumeMismatchError, match=r"optim.lr: 0.05 → 0.02.*run.resume=false"):
         cli.fit(make_config(run_dir, *overrides, "optim.lr=0.02"))
     fresh = cli.fit(make_config(run_dir, *overrides, "optim.lr=0.02", "run.resume=false"))
-    assert fresh["restarts"] == 0 and fresh["final_loss"] != reference["final_loss"]
+    assert fresh["restarts"] == 0 and fresh["final_loss"] != summary["final_loss"]
 
 
 def test_run_directories_are_deterministic(tmp_path):
@@ -270,8 +266,9 @@ def test_run_directories_are_deterministic(tmp_path):
 
 def drive(spec: dict[str, Any]) -> None:
     """Child process: ``cli.fit`` once per planned signal (each resumes from disk), the last
-    one ending the process with the preemption status; with no signal left, runs to the end.
-    ``kill_in_save`` SIGKILLs the process inside Orbax's commit of that checkpoint step."""
+    one ending the process with the preemption status — or, with ``finish``, one more
+    ``cli.fit`` to the end. ``kill_in_save`` SIGKILLs the process inside Orbax's commit of
+    that checkpoint step."""
     cfg = make_config(Path(spec["run_dir"]), *spec["overrides"])
     plan = [(int(step), int(sig)) for step, sig in spec.get("signals", [])]
     if spec.get("kill_in_save") is not None:
@@ -290,7 +287,7 @@ def drive(spec: dict[str, Any]) -> None:
         try:
             cli.fit(cfg)
         except Preempted:
-            if i == len(plan) - 1:
+            if i == len(plan) - 1 and not spec.get("finish"):
                 raise  # the real exit: status 75
             continue
         raise AssertionError(f"the signal planned at step {step} never stopped the fit")
@@ -360,7 +357,7 @@ def reference_run(tmp_path_factory, jax_cache) -> tuple[Path, Path]:
 @pytest.mark.slow
 def test_signals_at_ten_random_steps_then_same_result(tmp_path, reference_run):
     """SIGTERM, SIGUSR1 and SIGUSR2 at 10 random steps of one run, each followed by a restart
-    (four of them new processes, the rest in the same process but restored from disk)."""
+    (three of them in a new process, the rest in the same process, restored from disk)."""
     reference, cache = reference_run
     rng = random.Random(20240605)
     steps = sorted(rng.sample(range(1, 35), 10))
@@ -368,16 +365,15 @@ def test_signals_at_ten_random_steps_then_same_result(tmp_path, reference_run):
     plan = [(s, int(kinds[i % 3])) for i, s in enumerate(steps)]
     rng.shuffle(kinds)
     run_dir = tmp_path / "run"
-    groups = [plan[0:3], plan[3:6], plan[6:8], plan[8:10], []]
+    groups = [plan[0:3], plan[3:6], plan[6:8], plan[8:10]]
     started = time.perf_counter()
-    for group in groups:
+    for i, group in enumerate(groups):
+        finish = i == len(groups) - 1
         done = start_driver({"run_dir": str(run_dir), "overrides": SIGNAL_OVERRIDES,
-                             "signals": group}, cache)
-        want = PREEMPTED_EXIT_CODE if group else 0
-        assert done.returncode == want, done.stderr[-3000:]
-        if group:
-            last_step = group[-1][0]
-            assert f"checkpoint at step {last_step} written" in done.stderr
+                             "signals": group, "finish": finish}, cache)
+        assert done.returncode == (0 if finish else PREEMPTED_EXIT_CODE), done.stderr[-3000:]
+        for step, _ in group:
+            assert f"checkpoint at step {step} written" in done.stderr
     summary = assert_same_run(run_dir, reference)
     assert summary["restarts"] == 10
     print(f"\n10 signals at steps {steps} ({len(groups)} processes): same records, summary and "
