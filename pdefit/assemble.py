@@ -129,8 +129,9 @@ def simulate_frames(system: System, grid: Grid, params: dict[str, float], dt: fl
     return {k: np.asarray(v) for k, v in frames.items()}
 
 
-def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
-    """Write a synthetic dataset for ``cfg.system`` / ``cfg.simulate`` to ``path``."""
+def dataset_meta(cfg: Any) -> tuple[zd.DatasetMeta, System, Grid, dict[str, float]]:
+    """The metadata of the dataset ``cfg.system`` / ``cfg.simulate`` describe, validated, with
+    the system, grid and true parameters that will produce it."""
     system, grid = make_system(cfg.system), make_grid(cfg.system)
     params = system_params(system, cfg.system.params)
     check_dynamics(system, params, grid, cfg.system)
@@ -150,26 +151,41 @@ def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
         steps_per_frame=int(sim.steps_per_frame), t0=0.0, n_frames=int(sim.n_frames),
         n_experiments=int(sim.n_experiments), true_params=params, noise=noise,
         provenance=zd.make_provenance(_plain(cfg)))
-    # Metadata once, before any writer; then every process simulates its own experiments and
-    # writes whole shards of them, so no two writers ever share a Zarr shard.
+    return meta, system, grid, params
+
+
+def write_experiment(cfg: Any, path: Path, meta: zd.DatasetMeta, system: System, grid: Grid,
+                     params: dict[str, float], experiment: int, dtype: Any) -> None:
+    """Simulate one experiment and write its whole shards (the caller owns them). Noise is
+    seeded by (experiment, frame), so the data do not depend on who writes which shard."""
+    sim = cfg.simulate
+    frames = simulate_frames(system, grid, params, cfg.system.dt, cfg.system.integrator,
+                             sim.n_frames, sim.steps_per_frame, sim.seed + experiment, dtype)
+    for name, values in frames.items():
+        if not np.all(np.isfinite(values)):
+            raise ConfigError(f"simulation of {name!r} blew up (non-finite values); "
+                              "reduce system.dt")
+        for shard in zd.plan_shards(1, sim.n_frames, sim.frames_per_shard):
+            block = zd.add_noise_block(values[shard.frame_start:shard.frame_stop], meta.noise,
+                                       experiment=experiment, frame_start=shard.frame_start)
+            zd.write_block(path, name, block, experiment=experiment,
+                           frame_start=shard.frame_start)
+
+
+def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
+    """Write a synthetic dataset for ``cfg.system`` / ``cfg.simulate`` to ``path``.
+
+    Metadata once, before any writer; then every JAX process simulates its own experiments
+    (rank, rank + P, ...) and writes whole shards of them, so no two writers share a shard."""
+    meta, system, grid, params = dataset_meta(cfg)
     rank, n_processes = jax.process_index(), jax.process_count()
     if rank == 0:
-        zd.create_dataset(path, meta, frames_per_shard=sim.frames_per_shard, overwrite=True)
+        zd.create_dataset(path, meta, frames_per_shard=cfg.simulate.frames_per_shard,
+                          overwrite=True)
     _barrier("pdefit-dataset-created")
-    for experiment in range(rank, sim.n_experiments, n_processes):
-        frames = simulate_frames(system, grid, params, cfg.system.dt, cfg.system.integrator,
-                                 sim.n_frames, sim.steps_per_frame, sim.seed + experiment, dtype)
-        for name, values in frames.items():
-            if not np.all(np.isfinite(values)):
-                raise ConfigError(f"simulation of {name!r} blew up (non-finite values); "
-                                  "reduce system.dt")
-            for shard in zd.plan_shards(1, sim.n_frames, sim.frames_per_shard):
-                block = values[shard.frame_start:shard.frame_stop]
-                block = zd.add_noise_block(block, noise, experiment=experiment,
-                                           frame_start=shard.frame_start)
-                zd.write_block(path, name, block, experiment=experiment,
-                               frame_start=shard.frame_start)
-        log(f"simulated experiment {experiment}: {sim.n_frames} frames of "
+    for experiment in range(rank, meta.n_experiments, n_processes):
+        write_experiment(cfg, path, meta, system, grid, params, experiment, dtype)
+        log(f"simulated experiment {experiment}: {meta.n_frames} frames of "
             f"{list(system.fields)} on {grid.shape}")
     _barrier("pdefit-dataset-written")
     return path

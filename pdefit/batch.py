@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import numpy as np
 
 from . import assemble
 from . import data as zd
@@ -31,31 +30,6 @@ def experiments_of(task: int, tasks: int, n_experiments: int) -> range:
     if not 0 <= task < tasks:
         raise assemble.ConfigError(f"simulate.task must be in [0, {tasks}), got {task}")
     return range(task * n_experiments // tasks, (task + 1) * n_experiments // tasks)
-
-
-def dataset_meta(cfg: Any) -> tuple[zd.DatasetMeta, Any, Any, dict[str, float]]:
-    """The dataset metadata of ``cfg.system``/``cfg.simulate``, with system, grid and params."""
-    system, grid = assemble.make_system(cfg.system), assemble.make_grid(cfg.system)
-    params = assemble.system_params(system, cfg.system.params)
-    assemble.check_dynamics(system, params, grid, cfg.system)
-    sim = cfg.simulate
-    if sim.n_frames < 1 or sim.steps_per_frame < 1 or sim.n_experiments < 1:
-        raise assemble.ConfigError("simulate: n_frames, steps_per_frame and n_experiments "
-                                   "must be >= 1")
-    noise = {"kind": sim.noise.kind}
-    if sim.noise.kind != "none":
-        noise.update(sigma=float(sim.noise.sigma), seed=int(sim.noise.seed))
-    try:
-        zd.check_noise(noise)
-    except zd.DatasetError as err:
-        raise assemble.ConfigError(f"simulate.noise: {err}") from None
-    meta = zd.DatasetMeta(
-        system=system.name, fields=tuple(system.fields), grid_shape=grid.shape,
-        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(cfg.system.dt),
-        steps_per_frame=int(sim.steps_per_frame), t0=0.0, n_frames=int(sim.n_frames),
-        n_experiments=int(sim.n_experiments), true_params=params, noise=noise,
-        provenance=zd.make_provenance(assemble._plain(cfg)))
-    return meta, system, grid, params
 
 
 def create_once(path: Path, meta: zd.DatasetMeta, frames_per_shard: int) -> bool:
@@ -92,22 +66,10 @@ def simulate_share(cfg: Any, path: Path, dtype: Any, task: int, tasks: int,
                                    "single processes; this is a multi-process run")
     sim = cfg.simulate
     mine = experiments_of(task, tasks, sim.n_experiments)
-    meta, system, grid, params = dataset_meta(cfg)
+    meta, system, grid, params = assemble.dataset_meta(cfg)
     if create_once(path, meta, sim.frames_per_shard):
         log(f"task {task}: created {path} for {sim.n_experiments} experiments")
     for experiment in mine:
-        frames = assemble.simulate_frames(
-            system, grid, params, cfg.system.dt, cfg.system.integrator, sim.n_frames,
-            sim.steps_per_frame, sim.seed + experiment, dtype)
-        for name, values in frames.items():
-            if not np.all(np.isfinite(values)):
-                raise assemble.ConfigError(f"simulation of {name!r} blew up (non-finite "
-                                           "values); reduce system.dt")
-            for shard in zd.plan_shards(1, sim.n_frames, sim.frames_per_shard):
-                block = zd.add_noise_block(values[shard.frame_start:shard.frame_stop],
-                                           meta.noise, experiment=experiment,
-                                           frame_start=shard.frame_start)
-                zd.write_block(path, name, block, experiment=experiment,
-                               frame_start=shard.frame_start)
+        assemble.write_experiment(cfg, path, meta, system, grid, params, experiment, dtype)
         log(f"task {task} of {tasks}: wrote experiment {experiment}")
     return mine
