@@ -85,7 +85,9 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     log.info(f"fit {list(problem.layout.fitted)} + fields {list(problem.fitted_fields)} of "
              f"{problem.system.name} on {problem.grid.shape}: {problem.n_steps} steps of "
              f"dt={problem.dt}, schedule {problem.schedule}")
-    (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    lead = jax.process_index() == 0  # one process writes the shared run directory's files
+    if lead:
+        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
 
     def describe(theta):
         return {n: problem.layout.physical(theta["params"])[n] for n in problem.layout.fitted}
@@ -109,13 +111,14 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         "restarts": history.restarts,
         "parameters": rows, **error_summary(rows),
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    if lead:
+        (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(format_table(rows))
     if summary["mean_rel_error"] is not None:
         print(f"mean relative error {100 * summary['mean_rel_error']:.3f} %, median "
               f"{100 * summary['median_rel_error']:.3f} %  (loss {history.losses[0]:.3e} → "
               f"{history.best_loss:.3e}, {history.wall_time:.1f} s)")
-    if cfg.run.plots and jax.process_index() == 0:
+    if cfg.run.plots and lead:
         plot_loss(history.losses, out / "loss.png")
         if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
             _plot_prediction(problem, setup, theta, out / "fields.png")
