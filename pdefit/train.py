@@ -230,23 +230,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
 
     store = None
     if checkpoint:
-        _require_one_directory(checkpoint.directory)
-        if not resume:
-            removed = remove_checkpoints(checkpoint.directory)
-            if removed:
-                log(f"run.resume=false: removed {removed} checkpoint(s) in "
-                    f"{checkpoint.directory}; starting over")
-        store = CheckpointStore(checkpoint)
-        restored = store.restore(state)
-        if restored is not None:
-            state = restored.state
-            history = _history_from(restored.meta)
-            _check_compatible(restored, config, fingerprint, store)
-            history.restarts += 1
-            history.resumed_from = restored.step
-            log(f"resuming from checkpoint step {restored.step} in {store.directory} "
-                f"(restart {history.restarts}; {len(history.records)} steps done, "
-                f"best loss {_fmt(history.best_loss)}, lr scale {float(state.lr_scale):.3g})")
+        store, state, history = _open_checkpoints(checkpoint, resume, state, config,
+                                                  fingerprint, log)
     anchor = _Anchor(state, len(history.records))
     wall_before = history.wall_time
     start = time.perf_counter()
@@ -362,6 +347,36 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
 # ---------------------------------------------------------------------------------------------
 
 
+def _open_checkpoints(options: CheckpointOptions, resume: bool, fresh: TrainState,
+                      config: Mapping[str, Any], fingerprint: str | None,
+                      log: Callable[[str], None],
+                      ) -> tuple[CheckpointStore, TrainState, FitHistory]:
+    """The run's checkpoint store, and the state and history to start from: the newest
+    checkpoint's (shaped like ``fresh``), or ``fresh`` and an empty history."""
+    _require_one_directory(options.directory)
+    if not resume:
+        removed = remove_checkpoints(options.directory)
+        if removed:
+            log(f"run.resume=false: removed {removed} checkpoint(s) in {options.directory}; "
+                "starting over")
+    store = CheckpointStore(options)
+    restored = store.restore(fresh)
+    if restored is None:
+        return store, fresh, FitHistory()
+    try:
+        _check_compatible(restored, config, fingerprint, store)
+    except ResumeMismatchError:
+        store.close()
+        raise
+    history = _history_from(restored.meta)
+    history.restarts += 1
+    history.resumed_from = restored.step
+    log(f"resuming from checkpoint step {restored.step} in {store.directory} (restart "
+        f"{history.restarts}; {len(history.records)} steps done, best loss "
+        f"{_fmt(history.best_loss)}, lr scale {float(restored.state.lr_scale):.3g})")
+    return store, restored.state, history
+
+
 def _record(state: TrainState, value: float, grad_norm: float,
             describe: Callable[[Any], Mapping[str, float]] | None, t: float) -> dict[str, Any]:
     record: dict[str, Any] = {"step": int(state.step), "loss": value, "grad_norm": grad_norm,
@@ -406,8 +421,8 @@ def _require_one_directory(directory: Path) -> None:
     from jax.experimental import multihost_utils
 
     digest = hashlib.sha256(str(Path(directory).absolute()).encode()).digest()[:8]
-    digests = multihost_utils.process_allgather(np.frombuffer(digest, np.int64))
-    if not np.all(digests == digests[0]):
+    digests = multihost_utils.process_allgather(np.frombuffer(digest, np.uint32))
+    if not np.all(digests == digests[0:1]):
         raise ValueError(f"the {jax.process_count()} processes of this run use different "
                          f"checkpoint directories ({directory} in process "
                          f"{jax.process_index()}); give them one shared run.dir")

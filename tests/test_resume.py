@@ -260,6 +260,31 @@ def test_run_directories_are_deterministic(tmp_path):
     assert len(rundir.dirname(None, "x" * 500)) <= rundir.MAX_NAME
 
 
+def test_local_multirun_gives_each_point_its_own_directory(tmp_path, jax_cache):
+    """``pdefit-fit -m`` with Hydra's basic launcher: one deterministic directory per point,
+    and the summary command's table of the sweep."""
+    from pdefit import sweep
+
+    env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(jax_cache),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+           "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "-1"}
+    fit = Path(sys.executable).with_name("pdefit-fit")
+    done = subprocess.run([str(fit), "-m", "run.name=lr", *TINY, *ADAM, "optim.steps=8",
+                           "optim.lr=0.02,0.05"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    root = tmp_path / "runs" / "sweep" / "lr"
+    points = sweep.find_points(root)
+    assert [p.name.split("optim.lr=")[1][:4] for p in points] == ["0.02", "0.05"]
+    rows = [sweep.point_row(p, label) for p, label in zip(points, sweep.labels(points, root),
+                                                          strict=True)]
+    assert [(r["point"], r["status"], r["steps"], r["restarts"]) for r in rows] == [
+        ("optim.lr=0.02", "done", 8, 0), ("optim.lr=0.05", "done", 8, 0)]
+    table = sweep.format_table(rows)
+    assert table.splitlines()[0].split()[:4] == ["point", "status", "steps", "final"]
+    print(f"\n{table}")
+
+
 # ---------------------------------------------------------------------------------------------
 # Separate processes: the CLI's fit in a child that signals itself at chosen steps.
 

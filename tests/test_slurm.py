@@ -319,7 +319,8 @@ def test_fit_sbatch_requeue_and_time_limit_signal_resume_exactly(scenarios):
     reference.wait()
     n = assert_same_as(job.run_dir, reference.run_dir)
     assert json.loads((job.run_dir / "summary.json").read_text())["restarts"] == 2
-    print(f"\njob {job.id}: scontrol requeue at step ~15, USR1 later; Restarts={info['Restarts']}"
+    print(f"\njob {job.id}: scontrol requeue after step 15, USR1 30 steps after the restart; "
+          f"Restarts={info['Restarts']}"
           f"\n  {resumed[0]}\n  {resumed[1]}\n  {n} records, summary and final checkpoint "
           f"identical to uninterrupted job {reference.id}; {job.seconds:.0f} s")
 
