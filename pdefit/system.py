@@ -39,6 +39,12 @@ class UnstableTimeStepError(ValueError):
     """The configured time step exceeds the system's stability limit."""
 
 
+def check_option(what: str, value: Any, choices: Any) -> None:
+    """Raise a ValueError naming ``what`` unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"unknown {what} {value!r}; choose one of {list(choices)}")
+
+
 def default_params(system: System) -> dict[str, float]:
     return {name: spec.default for name, spec in system.params.items()}
 

@@ -26,7 +26,7 @@ from pdefit.stencils import (
     laplacian,
     laplacian_spectral_radius,
 )
-from pdefit.system import stepper
+from pdefit.system import check_option, stepper
 
 AP96 = {"D": 1.0, "k": 8.0, "a": 0.15, "b": 0.15, "eps0": 0.002, "mu1": 0.2, "mu2": 0.3}
 
@@ -55,12 +55,8 @@ class AlievPanfilov:
     }
 
     def __post_init__(self) -> None:
-        if self.laplacian not in LAPLACIANS:
-            raise ValueError(f"unknown Laplacian {self.laplacian!r}; choose one of "
-                             f"{sorted(LAPLACIANS)}")
-        if self.initial not in ("spiral", "blobs"):
-            raise ValueError(f"unknown initial-state generator {self.initial!r}; choose "
-                             "spiral or blobs")
+        check_option("Laplacian", self.laplacian, sorted(LAPLACIANS))
+        check_option("initial-state generator", self.initial, ("spiral", "blobs"))
 
     def rhs(self, state, params, t, grid: Grid):
         u, v = state["u"], state["v"]

@@ -44,7 +44,7 @@ from pdefit.stencils import (
     laplacian,
     laplacian_spectral_radius,
 )
-from pdefit.system import stepper
+from pdefit.system import check_option, stepper
 
 # The 28 published parameters, in the paper's table order: name -> (EPI, ENDO, M, PB, TNNP).
 PARAMETER_SETS_ORDER = ("EPI", "ENDO", "M", "PB", "TNNP")
@@ -178,15 +178,9 @@ class BOCF:
     rest: ClassVar[dict[str, float]] = {"u": 0.0, "v": 1.0, "w": 1.0, "s": 0.0}
 
     def __post_init__(self) -> None:
-        if self.parameter_set not in PARAMETER_SETS_ORDER:
-            raise ValueError(f"unknown parameter set {self.parameter_set!r}; choose one of "
-                             f"{list(PARAMETER_SETS_ORDER)}")
-        if self.laplacian not in LAPLACIANS:
-            raise ValueError(f"unknown Laplacian {self.laplacian!r}; choose one of "
-                             f"{sorted(LAPLACIANS)}")
-        if self.initial not in ("stimuli", "rest"):
-            raise ValueError(f"unknown initial-state generator {self.initial!r}; choose "
-                             "stimuli or rest")
+        check_option("parameter set", self.parameter_set, list(PARAMETER_SETS_ORDER))
+        check_option("Laplacian", self.laplacian, sorted(LAPLACIANS))
+        check_option("initial-state generator", self.initial, ("stimuli", "rest"))
         if self.stimulus_amplitude and not (
                 self.stimulus_period > 0 and 0 < self.stimulus_duration <= self.stimulus_period):
             raise ValueError("the stimulus needs period > 0 and 0 < duration <= period")
