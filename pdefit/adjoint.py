@@ -167,7 +167,6 @@ def _zero_cost(chain, x0, theta, data):
 # Revolve: the plan.
 
 ADVANCE, STORE, RESTORE, REVERSE = 0, 1, 2, 3
-ACTION_NAMES = ("advance", "store", "restore", "reverse")
 
 
 def binomial_capacity(snapshots: int, repetitions: int) -> int:
