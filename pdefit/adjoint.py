@@ -15,8 +15,8 @@ exact gradient of this discrete J (discretize-then-optimize); they differ in mem
   states whatever N, and the number of forward recomputations is the minimum possible,
   r·N − β(s+1, r−1) with β(s, r) = C(s+r, s) and r the smallest integer with β(s, r) ≥ N.
   The schedule is planned once in Python (:func:`revolve_plan`) as integer action arrays and run
-  by one ``lax.while_loop``, so the program does not grow with N and ``step`` is traced a fixed
-  number of times.
+  by one loop over segments (``lax.fori_loop``), so the program does not grow with N and
+  ``step`` is traced a fixed number of times.
 
 "Snapshot" means a state kept inside one gradient evaluation; "checkpoint" is reserved for the
 training state Orbax writes to disk.
