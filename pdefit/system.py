@@ -16,6 +16,7 @@ Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call colle
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Protocol, runtime_checkable
 
 from .grid import Grid
@@ -49,8 +50,12 @@ def default_params(system: System) -> dict[str, float]:
     return {name: spec.default for name, spec in system.params.items()}
 
 
+@lru_cache(maxsize=64)
 def stepper(system: System, grid: Grid, method: str) -> Step:
-    """``step(state, params, t, dt)`` for this system on this grid."""
+    """``step(state, params, t, dt)`` for this system on this grid. Cached (systems and grids
+    are frozen, hashable values): the same function object comes back for the same inputs, so
+    jitted callers that take it as a static argument hit their compilation cache instead of
+    re-tracing, e.g. once per simulated experiment."""
     if hasattr(system, "step"):
         def own_step(state, params, t, dt):
             return system.step(state, params, t, dt, grid)
