@@ -10,10 +10,12 @@ from typing import Any
 
 from .aliev_panfilov import AlievPanfilov
 from .bocf import BOCF
+from .rayleigh_benard import RayleighBenard
 
 REGISTRY: dict[str, type] = {
     AlievPanfilov.name: AlievPanfilov,
     BOCF.name: BOCF,
+    RayleighBenard.name: RayleighBenard,
 }
 
 
