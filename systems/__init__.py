@@ -11,11 +11,13 @@ from typing import Any
 from .aliev_panfilov import AlievPanfilov
 from .bocf import BOCF
 from .rayleigh_benard import RayleighBenard
+from .sphere_ns import SphereNS
 
 REGISTRY: dict[str, type] = {
     AlievPanfilov.name: AlievPanfilov,
     BOCF.name: BOCF,
     RayleighBenard.name: RayleighBenard,
+    SphereNS.name: SphereNS,
 }
 
 
