@@ -186,10 +186,14 @@ class SphereNS:
 
     # -- geometry --------------------------------------------------------------------------------
 
-    def transform(self, grid: Grid | tuple[int, int]) -> SphericalTransform:
-        """The spectral transform of this grid; a clear ValueError if the grid does not suit
-        the truncation."""
-        if isinstance(grid, Grid):
+    def transform(self, grid: Any) -> SphericalTransform:
+        """The spectral transform of this grid (a Grid, or a field's (nlat, nlon) shape); a
+        clear ValueError if the grid does not suit the truncation."""
+        if hasattr(grid, "boundaries"):
+            if tuple(getattr(grid, "devices", (1, 1))) != (1, 1):
+                raise ValueError(f"{self.name} transforms whole fields (spherical harmonics); it "
+                                 "cannot run on a spatially decomposed mesh, use experiments "
+                                 "only")
             if grid.boundaries[1] != PERIODIC:
                 raise ValueError(f"{self.name} needs a periodic longitude axis: grid boundaries "
                                  f"[neumann, periodic], got {list(grid.boundaries)}")
