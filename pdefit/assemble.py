@@ -129,12 +129,20 @@ def simulate_frames(system: System, grid: Grid, params: dict[str, float], dt: fl
     return {k: np.asarray(v) for k, v in frames.items()}
 
 
+def data_system_config(cfg: Any) -> SystemConfig:
+    """The system config that makes the data: ``simulate.system`` for a surrogate fit, else
+    the fitted ``system``."""
+    other = getattr(cfg.simulate, "system", None)
+    return cfg.system if other is None else other
+
+
 def dataset_meta(cfg: Any) -> tuple[zd.DatasetMeta, System, Grid, dict[str, float]]:
-    """The metadata of the dataset ``cfg.system`` / ``cfg.simulate`` describe, validated, with
-    the system, grid and true parameters that will produce it."""
-    system, grid = make_system(cfg.system), make_grid(cfg.system)
-    params = system_params(system, cfg.system.params)
-    check_dynamics(system, params, grid, cfg.system)
+    """The metadata of the dataset ``cfg.simulate`` (and the data-making system) describe,
+    validated, with the system, grid and true parameters that will produce it."""
+    sys_cfg = data_system_config(cfg)
+    system, grid = make_system(sys_cfg), make_grid(sys_cfg)
+    params = system_params(system, sys_cfg.params)
+    check_dynamics(system, params, grid, sys_cfg)
     sim = cfg.simulate
     if sim.n_frames < 1 or sim.steps_per_frame < 1 or sim.n_experiments < 1:
         raise ConfigError("simulate: n_frames, steps_per_frame and n_experiments must be >= 1")
@@ -147,7 +155,7 @@ def dataset_meta(cfg: Any) -> tuple[zd.DatasetMeta, System, Grid, dict[str, floa
         raise ConfigError(f"simulate.noise: {err}") from None
     meta = zd.DatasetMeta(
         system=system.name, fields=tuple(system.fields), grid_shape=grid.shape,
-        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(cfg.system.dt),
+        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(sys_cfg.dt),
         steps_per_frame=int(sim.steps_per_frame), t0=0.0, n_frames=int(sim.n_frames),
         n_experiments=int(sim.n_experiments), true_params=params, noise=noise,
         provenance=zd.make_provenance(_plain(cfg)))
@@ -158,8 +166,8 @@ def write_experiment(cfg: Any, path: Path, meta: zd.DatasetMeta, system: System,
                      params: dict[str, float], experiment: int, dtype: Any) -> None:
     """Simulate one experiment and write its whole shards (the caller owns them). Noise is
     seeded by (experiment, frame), so the data do not depend on who writes which shard."""
-    sim = cfg.simulate
-    frames = simulate_frames(system, grid, params, cfg.system.dt, cfg.system.integrator,
+    sim, sys_cfg = cfg.simulate, data_system_config(cfg)
+    frames = simulate_frames(system, grid, params, sys_cfg.dt, sys_cfg.integrator,
                              sim.n_frames, sim.steps_per_frame, sim.seed + experiment, dtype)
     for name, values in frames.items():
         if not np.all(np.isfinite(values)):
@@ -274,22 +282,30 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
             raise ConfigError(f"fit.initial_fields: {name}={source} — fields are "
                               f"{list(system.fields)}, sources are data or fit")
     fitted_fields = tuple(f for f in system.fields if fit_fields.get(f) == "fit")
+    # A surrogate fit reads a dataset of another system: only the observed fields mean the
+    # same thing in both (e.g. the voltage-like u), so only those are taken from it.
+    surrogate = cfg.data.system is not None and cfg.data.system != system.name
+    time_scale = float(cfg.data.time_scale)
+    if not time_scale > 0:
+        raise ConfigError(f"data.time_scale must be positive, got {time_scale}")
     # Values are checked for NaN/Inf below, on the windows this process loads anyway.
-    zd.validate_dataset(ds, system=system.name, fields=list(obs_cfg.fields),
+    zd.validate_dataset(ds, system=cfg.data.system or system.name, fields=list(obs_cfg.fields),
                         grid_shape=grid.shape, grid_spacing=grid.spacing,
                         boundaries=grid.boundaries, check_finite=False)
     meta = ds.meta
+    data_fields = tuple(obs_cfg.fields) if surrogate else meta.fields
 
     # Frames and time steps: each used frame must fall on a step of the fit's dt.
     frames = list(range(meta.n_frames)) if cfg.data.frames is None else list(cfg.data.frames)
     if not frames or sorted(set(frames)) != frames or frames[0] < 0 or frames[-1] >= meta.n_frames:
         raise ConfigError(f"data.frames must be increasing indices in [0, {meta.n_frames}), "
                           f"got {frames}")
-    ratio = meta.frame_interval / cfg.system.dt
+    ratio = meta.frame_interval / time_scale / cfg.system.dt
     steps_per_frame = round(ratio)
     if steps_per_frame < 1 or abs(ratio - steps_per_frame) > 1e-6 * ratio:
-        raise ConfigError(f"frames are {meta.frame_interval} apart, not a multiple of "
-                          f"system.dt={cfg.system.dt}")
+        raise ConfigError(f"frames are {meta.frame_interval / time_scale} model time units "
+                          f"apart (dataset interval {meta.frame_interval} / data.time_scale "
+                          f"{time_scale}), not a multiple of system.dt={cfg.system.dt}")
     frame_steps = [(f - frames[0]) * steps_per_frame for f in frames]
     n_steps = frame_steps[-1]
     experiments = (list(range(meta.n_experiments)) if cfg.data.experiments is None
@@ -324,7 +340,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     observed = observed_data(observation, values, masks, frame_steps, n_steps, dtype)
     initial = {f: _first_frame(dataset_array(ds, f, experiments, frames[:1], 1, frames_placement,
                                              dtype=np.dtype(dtype), reads=reads))
-               for f in system.fields if f in meta.fields and f not in fitted_fields}
+               for f in system.fields if f in data_fields and f not in fitted_fields}
     missing = [f for f in system.fields if f not in fitted_fields and f not in initial]
     if missing:
         raise ConfigError(f"initial field(s) {missing} are not in the dataset: fit them "
@@ -335,7 +351,8 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
                               f"(fit.initial_fields.{name}=fit)")
 
     # Parameters: which are fitted, and where they start.
-    reference = dict(meta.true_params) if meta.true_params else None
+    # Another system's true parameters are no reference for this one's.
+    reference = dict(meta.true_params) if meta.true_params and not surrogate else None
     fitted = list(cfg.fit.params)
     start_values = dict(params)
     if cfg.fit.perturb is not None and fitted:
@@ -362,7 +379,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     for name in fitted_fields:
         # Start a fitted field from its first observed frame when there is one, else zero.
         guess = None
-        if name in meta.fields:
+        if name in data_fields:
             guess = _first_frame(dataset_array(ds, name, experiments, frames[:1], 1,
                                                frames_placement, dtype=np.dtype(dtype),
                                                reads=reads))
@@ -382,7 +399,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     problem = FitProblem(
         system=system, grid=grid, dt=float(cfg.system.dt), integrator=cfg.system.integrator,
         n_steps=n_steps, layout=layout, observation=observation, schedule=schedule,
-        fitted_fields=fitted_fields, t0=float(meta.times[frames[0]]),
+        fitted_fields=fitted_fields, t0=float(meta.times[frames[0]]) / time_scale,
         regularization=Regularization(cfg.regularization.params, cfg.regularization.fields),
         domain=domain)
     if n_steps == 0:

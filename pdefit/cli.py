@@ -1,4 +1,5 @@
-"""Console entry points (Hydra): ``pdefit-simulate``, ``pdefit-fit``, ``pdefit-gradcheck``.
+"""Console entry points (Hydra): ``pdefit-simulate``, ``pdefit-fit``, ``pdefit-gradcheck``,
+``pdefit-rank`` (``pdefit-evaluate`` is in :mod:`pdefit.forecast`).
 
 Configs live in the repository's ``conf/`` directory; every value can be overridden on the
 command line (``pdefit-fit optim.lr=0.01 adjoint=store_all``) and swept with ``-m``.
@@ -21,7 +22,9 @@ from . import assemble, batch, parallel
 from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import register_configs
 from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
+from .forecast import FITTED_FILE, save_fitted
 from .gradcheck import taylor_test
+from .influence import format_ranking, rank_parameters, write_ranking
 from .integrate import simulate
 from .rundir import plain_config, register_resolvers, simulated_dataset
 from .system import stepper
@@ -100,6 +103,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
                              resume=cfg.run.resume, config=plain_config(cfg),
                              status_path=out / "status.json")
     theta = history.best_theta
+    save_fitted(out / FITTED_FILE, theta)  # for pdefit-evaluate
     recovered = {k: float(v) for k, v in describe(theta).items()}
     rows = parameter_table(problem.layout.fitted, setup.start_values, recovered, setup.reference)
     summary = {
@@ -176,3 +180,38 @@ def gradcheck_main(cfg: DictConfig) -> None:
     gradcheck(cfg)
 
 
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def rank(cfg: DictConfig) -> list[dict[str, Any]]:
+    """Rank the system's parameters by how much the simulated window (``simulate.*``, first
+    experiment's seed) moves when each is multiplied by ``rank.factor``."""
+    dtype = assemble.set_precision(cfg.precision)
+    out = _output_dir(cfg)
+    system, grid = assemble.make_system(cfg.system), assemble.make_grid(cfg.system)
+    params = assemble.system_params(system, cfg.system.params)
+    assemble.check_dynamics(system, params, grid, cfg.system)
+    names = list(system.params) if cfg.rank.params is None else list(cfg.rank.params)
+    unknown = [n for n in names if n not in params]
+    if unknown:
+        raise assemble.ConfigError(f"rank.params: unknown parameter(s) {unknown} for "
+                                   f"{system.name}")
+    n_steps = (cfg.simulate.n_frames - 1) * cfg.simulate.steps_per_frame
+    x0 = system.initial_state(grid, params, cfg.simulate.seed)
+    rows = rank_parameters(system, grid, params, cfg.system.dt, cfg.system.integrator, x0,
+                           n_steps, cfg.simulate.steps_per_frame, cfg.rank.factor, names, dtype)
+    write_ranking(rows, cfg.rank.factor, out, extra={
+        "system": system.name, "grid": list(grid.shape), "n_steps": n_steps,
+        "dt": cfg.system.dt, "seed": cfg.simulate.seed})
+    print(format_ranking(rows, cfg.rank.factor))
+    top = [r["name"] for r in rows[: cfg.rank.top]]
+    print(f"top {len(top)}: fit.params=[{','.join(top)}]")
+    log.info(f"ranking in {out}")
+    return rows
+
+
+@hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
+def rank_main(cfg: DictConfig) -> None:
+    rank(cfg)

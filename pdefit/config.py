@@ -49,6 +49,9 @@ class SimulateConfig:
     noise: NoiseConfig = field(default_factory=NoiseConfig)
     output: str = "data.zarr"
     frames_per_shard: int = 16
+    # The system that makes the data, when it is not the fitted one (a surrogate fit, e.g.
+    # Aliev–Panfilov fitted to BOCF data); None: the fitted ``system``.
+    system: SystemConfig | None = None
     # A job array (slurm/simulate.sbatch): this is task `task` of `tasks`, each writing a
     # contiguous block of the experiments; tasks=1 writes everything.
     task: int = 0
@@ -60,6 +63,11 @@ class DataConfig:
     path: str | None = None  # None: simulate first (the embedded default)
     frames: list[int] | None = None  # frame indices used for training; None: all
     experiments: list[int] | None = None  # None: all
+    # A dataset of another system (a surrogate fit): its name, which must match the dataset's.
+    # Only the observed fields are then taken from it; the model's other initial fields are
+    # fitted. None: the dataset must come from the fitted system.
+    system: str | None = None
+    time_scale: float = 1.0  # dataset time units per model time unit (BOCF ms → AP: 12.9)
 
 
 @dataclass
@@ -149,6 +157,29 @@ class DistributedConfig:
 
 
 @dataclass
+class RankConfig:
+    """``pdefit-rank``: multiply each parameter by ``factor`` and rank by trajectory MAE over
+    the simulated window (``simulate.*``)."""
+
+    factor: float = 1.5
+    params: list[str] | None = None  # None: all parameters of the system
+    top: int = 10  # how many to print as a ready ``fit.params`` list
+
+
+@dataclass
+class EvaluateConfig:
+    """``pdefit-evaluate``: forecast the fitted model past its training window against the
+    truth (the data-generating simulation). Times are in the dataset's units."""
+
+    horizon: float | None = None  # forecast end; None: 4 × the training window
+    frame_interval: float | None = None  # None: the dataset's frame interval
+    threshold: float = 0.05  # forecast valid while MAE / range of the truth stays below this
+    activation_level: float = 0.5  # upstroke level of the first observed field (peak times)
+    maps_at: list[float] | None = None  # times of difference maps; None: 4 spread over horizon
+    lyapunov_perturbation: float = 1e-6  # size of the nearby trajectory's initial offset
+
+
+@dataclass
 class FitConfig:
     system: SystemConfig = field(default_factory=SystemConfig)
     simulate: SimulateConfig = field(default_factory=SimulateConfig)
@@ -161,6 +192,8 @@ class FitConfig:
     run: RunConfig = field(default_factory=RunConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    rank: RankConfig = field(default_factory=RankConfig)
+    evaluate: EvaluateConfig = field(default_factory=EvaluateConfig)
     precision: str = "float32"  # float32 | float64
 
 

@@ -87,3 +87,163 @@ def plot_fields(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.n
                     ax.set_title(f"t = {times[j]:.3g}")
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------------------------
+# Forecast metrics. All take plain arrays: frames are (n_frames, ny, nx), times (n_frames,).
+
+
+def validity_horizon(times: np.ndarray, normalised_error: np.ndarray, threshold: float,
+                     ) -> float:
+    """How long after ``times[0]`` the error stays at or below ``threshold``: the time of the
+    last frame before the first one above it (the whole span if it never exceeds it)."""
+    times = np.asarray(times, dtype=np.float64)
+    above = np.flatnonzero(np.asarray(normalised_error) > threshold)
+    if above.size == 0:
+        return float(times[-1] - times[0])
+    first = int(above[0])
+    return float(times[max(first - 1, 0)] - times[0]) if first > 0 else 0.0
+
+
+def activation_times(frames: np.ndarray, times: np.ndarray, level: float) -> list[np.ndarray]:
+    """Per pixel (flattened y·nx + x), the times where the field crosses ``level`` upwards,
+    linearly interpolated between frames: the activation (upstroke) times of a wave."""
+    frames = np.asarray(frames, dtype=np.float64)
+    times = np.asarray(times, dtype=np.float64)
+    flat = frames.reshape(frames.shape[0], -1)
+    before, after = flat[:-1], flat[1:]
+    crossing = (before < level) & (after >= level)
+    frame_index, pixel = np.nonzero(crossing)
+    fraction = (level - before[frame_index, pixel]) / (
+        after[frame_index, pixel] - before[frame_index, pixel])
+    when = times[frame_index] + fraction * (times[frame_index + 1] - times[frame_index])
+    order = np.lexsort((when, pixel))
+    pixel, when = pixel[order], when[order]
+    splits = np.searchsorted(pixel, np.arange(1, flat.shape[1]))
+    return np.split(when, splits)
+
+
+def activation_time_error(truth: np.ndarray, model: np.ndarray, times: np.ndarray,
+                          level: float, bins: int = 40) -> dict[str, np.ndarray | float]:
+    """For every upstroke of the truth at every pixel, the distance to the model's nearest
+    upstroke at that pixel; averaged in ``bins`` bins of the truth's activation time.
+
+    Returns ``bin_centres``, ``mean_error`` (NaN for bins without activations), ``count``,
+    ``missed`` (truth activations at pixels where the model never activates, left out of the
+    mean) and ``overall`` (the mean over all matched activations)."""
+    t_truth = activation_times(truth, times, level)
+    t_model = activation_times(model, times, level)
+    when, error, missed = [], [], 0
+    for a, b in zip(t_truth, t_model, strict=True):
+        if a.size == 0:
+            continue
+        if b.size == 0:
+            missed += a.size
+            continue
+        index = np.searchsorted(b, a)
+        below = b[np.clip(index - 1, 0, b.size - 1)]
+        above = b[np.clip(index, 0, b.size - 1)]
+        nearest = np.minimum(np.abs(a - below), np.abs(a - above))
+        when.append(a)
+        error.append(nearest)
+    when = np.concatenate(when) if when else np.zeros(0)
+    error = np.concatenate(error) if error else np.zeros(0)
+    edges = np.linspace(times[0], times[-1], bins + 1)
+    which = np.clip(np.digitize(when, edges) - 1, 0, bins - 1)
+    count = np.bincount(which, minlength=bins)
+    total = np.bincount(which, weights=error, minlength=bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    return {"bin_centres": 0.5 * (edges[:-1] + edges[1:]), "mean_error": mean,
+            "count": count, "missed": int(missed),
+            "overall": float(error.mean()) if error.size else float("nan")}
+
+
+def lyapunov_exponent(times: np.ndarray, separation: np.ndarray) -> dict[str, float | None]:
+    """The maximal Lyapunov exponent from the separation d(t) of two nearby trajectories: the
+    least-squares slope of log d over the stretch where it grows exponentially — from 10× its
+    initial size to a tenth of its saturation level (the median of its last fifth). None if
+    that stretch has fewer than three points (the horizon is too short or d never grows)."""
+    times = np.asarray(times, dtype=np.float64)
+    d = np.asarray(separation, dtype=np.float64)
+    ok = np.isfinite(d) & (d > 0)
+    if ok.sum() < 3:
+        return {"exponent": None, "fit_start": None, "fit_end": None}
+    tail = d[int(0.8 * d.size):]
+    saturation = float(np.median(tail[np.isfinite(tail)])) if np.isfinite(tail).any() else np.inf
+    low, high = 10.0 * d[0], 0.1 * saturation
+    inside = ok & (d >= low) & (d <= high)
+    # Only the first contiguous stretch: later dips below the ceiling are not growth.
+    index = np.flatnonzero(inside)
+    if index.size:
+        breaks = np.flatnonzero(np.diff(index) > 1)
+        index = index[: breaks[0] + 1] if breaks.size else index
+    if index.size < 3:
+        return {"exponent": None, "fit_start": None, "fit_end": None}
+    slope = np.polyfit(times[index], np.log(d[index]), 1)[0]
+    return {"exponent": float(slope), "fit_start": float(times[index[0]]),
+            "fit_end": float(times[index[-1]])}
+
+
+def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end: float,
+                  path: Path, ylabel: str = "MAE", time_unit: str = "") -> None:
+    """Error curves versus time on a log axis, with the end of the training window marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+    for label, values in curves.items():
+        ax.semilogy(times, np.maximum(np.asarray(values, dtype=np.float64), 1e-12), label=label)
+    ax.axvline(train_end, color="k", ls="--", lw=1, label="end of training window")
+    ax.set_xlabel(f"time {time_unit}".strip())
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_traces(times: np.ndarray, truth: np.ndarray, model: np.ndarray, train_end: float,
+                label: str, path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3), layout="constrained")
+    ax.plot(times, truth, label="truth", lw=1.5)
+    ax.plot(times, model, label="fitted model", lw=1, ls="--")
+    ax.axvline(train_end, color="k", ls=":", lw=1)
+    ax.set_xlabel("time")
+    ax.set_ylabel(label)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_difference_maps(truth: np.ndarray, model: np.ndarray, times: Sequence[float],
+                         label: str, path: Path) -> None:
+    """Rows truth / model / difference, one column per time."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    n = len(times)
+    fig, axes = plt.subplots(3, n, figsize=(2.3 * n, 6.6), squeeze=False, layout="constrained")
+    lo, hi = float(np.min(truth)), float(np.max(truth))
+    span = max(abs(lo), abs(hi), 1e-12)
+    for j, t in enumerate(times):
+        diff = model[j] - truth[j]
+        for i, (image, kwargs) in enumerate((
+                (truth[j], {"vmin": lo, "vmax": hi, "cmap": "viridis"}),
+                (model[j], {"vmin": lo, "vmax": hi, "cmap": "viridis"}),
+                (diff, {"vmin": -span, "vmax": span, "cmap": "RdBu_r"}))):
+            ax = axes[i, j]
+            ax.imshow(image, origin="lower", **kwargs)
+            ax.set_xticks([])
+            ax.set_yticks([])
+        axes[0, j].set_title(f"t = {t:.4g}")
+    for i, name in enumerate(("truth", "model", "model − truth")):
+        axes[i, 0].set_ylabel(f"{label}: {name}")
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -36,7 +36,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@%:()~-]")
 MAX_NAME = 120
 # Keys that change how a run is driven, not what it computes: a resumed run may change them
 # (a requeued job may land on another mesh shape or process count).
-DRIVING_KEYS = ("run.", "mesh.", "distributed.")
+DRIVING_KEYS = ("run.", "mesh.", "distributed.", "rank.", "evaluate.")
 # What the simulated dataset of the embedded default depends on.
 SIMULATION_KEYS = ("system", "simulate", "precision")
 

@@ -156,7 +156,8 @@ class BOCF:
       ``stimulus_duration``, ``stimulus_start`` (ms): a periodic square current added to du/dt
       in every cell, for single-cell pacing (the published protocol is 0.5/ms for 1 ms).
     - ``initial``: ``"stimuli"`` (from rest, ``init_stimuli`` random squares of u += 1 spread
-      over ``init_duration`` ms: broken fronts and spirals, as in the seed paper's 30 × 150 ms)
+      over ``init_duration`` ms: broken fronts and spirals; the default is the seed paper's
+      protocol, 30 stimuli each followed by 150 ms)
       or ``"rest"``; ``init_square`` is the side of a square in cells (0: a tenth of the
       smaller grid side, at least 2).
     """
@@ -169,7 +170,7 @@ class BOCF:
     stimulus_start: float = 0.0
     initial: str = "stimuli"
     init_stimuli: int = 30
-    init_duration: float = 150.0
+    init_duration: float = 4500.0
     init_square: int = 0
 
     name: ClassVar[str] = "bocf"

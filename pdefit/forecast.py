@@ -1,0 +1,287 @@
+"""``pdefit-evaluate RUN_DIR``: forecast a finished fit past its training window.
+
+The fitted model (recovered parameters, fitted initial fields) and the truth (the simulation
+that made the data, re-run without noise) are advanced side by side from the start of the
+training window, together with a copy of the truth offset by a tiny perturbation, whose
+separation from the truth gives the maximal Lyapunov exponent. All three run in one jitted scan
+that keeps, per frame, only the error statistics and one field's images, so a forecast of
+thousands of frames fits in memory. Metrics and plots are in :mod:`pdefit.evaluate`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from omegaconf import OmegaConf
+
+from . import assemble
+from .config import FitConfig
+from .evaluate import (
+    activation_time_error,
+    error_summary,
+    lyapunov_exponent,
+    plot_difference_maps,
+    plot_forecast,
+    plot_traces,
+    validity_horizon,
+)
+from .parallel import host_array
+from .system import stepper
+
+FITTED_FILE = "fitted.npz"
+
+
+class EvaluationError(ValueError):
+    """A run that cannot be evaluated (unfinished, or without a known truth)."""
+
+
+# -- the fitted θ on disk -----------------------------------------------------------------------
+
+
+def save_fitted(path: Path, theta: Mapping[str, Any]) -> None:
+    """θ (unconstrained parameters and fitted initial fields) as one ``.npz``. Every process
+    must call this (gathering a sharded field is collective); only process 0 writes."""
+    arrays = {f"{group}/{name}": host_array(value)
+              for group in ("params", "fields") for name, value in theta.get(group, {}).items()}
+    if jax.process_index() == 0:
+        np.savez(path, **arrays)
+
+
+def load_fitted(path: Path, dtype: Any) -> dict[str, dict[str, jnp.ndarray]]:
+    if not path.exists():
+        raise EvaluationError(f"{path} does not exist: evaluate a run whose fit has finished")
+    theta: dict[str, dict[str, jnp.ndarray]] = {"params": {}, "fields": {}}
+    with np.load(path) as stored:
+        for key in stored.files:
+            group, name = key.split("/", 1)
+            theta[group][name] = jnp.asarray(stored[key], dtype)
+    return theta
+
+
+# -- the joint rollout --------------------------------------------------------------------------
+
+
+def _advance(step: Callable, state, params, t0, dt, n_steps: int):
+    def body(i, s):
+        return step(s, params, t0 + i * dt, dt)
+    return jax.lax.fori_loop(0, n_steps, body, state)
+
+
+def forecast_rollout(truth_step: Callable, model_step: Callable, k_truth: int, k_model: int,
+                     n_frames: int, compare: Sequence[str], image: str) -> Callable:
+    """A jitted ``run(truth, model, twin, p_truth, p_model, t_truth, t_model, dt_truth,
+    dt_model)`` giving, at ``n_frames`` frames ``k_truth`` truth steps (``k_model`` model steps)
+    apart: the MAE of each compared field, the truth's min/max of them, the RMS separation of
+    the twin from the truth over all its fields, and the ``image`` field of truth and model."""
+    compare = tuple(compare)
+
+    @jax.jit
+    def run(truth, model, twin, p_truth, p_model, t_truth, t_model, dt_truth, dt_model):
+        def frame(carry, j):
+            truth, model, twin = carry
+            out = {
+                "mae": jnp.stack([jnp.mean(jnp.abs(model[f] - truth[f])) for f in compare]),
+                "low": jnp.stack([jnp.min(truth[f]) for f in compare]),
+                "high": jnp.stack([jnp.max(truth[f]) for f in compare]),
+                "separation": jnp.sqrt(jnp.mean(jnp.stack(
+                    [jnp.mean((twin[f] - truth[f]) ** 2) for f in truth]))),
+                "truth_image": truth[image],
+                "model_image": model[image],
+            }
+            t_t = t_truth + j * k_truth * dt_truth
+            t_m = t_model + j * k_model * dt_model
+            carry = (_advance(truth_step, truth, p_truth, t_t, dt_truth, k_truth),
+                     _advance(model_step, model, p_model, t_m, dt_model, k_model),
+                     _advance(truth_step, twin, p_truth, t_t, dt_truth, k_truth))
+            return carry, out
+
+        return jax.lax.scan(frame, (truth, model, twin), jnp.arange(n_frames))[1]
+
+    return run
+
+
+def _steps_per(interval: float, dt: float, what: str) -> int:
+    ratio = interval / dt
+    k = round(ratio)
+    if k < 1 or abs(ratio - k) > 1e-6 * ratio:
+        raise EvaluationError(f"the evaluation frame interval is {interval} {what} time units, "
+                              f"not a multiple of its dt = {dt}; set evaluate.frame_interval")
+    return k
+
+
+# -- the evaluation -----------------------------------------------------------------------------
+
+
+def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Any:
+    """The run's saved config on the current schema; ``overrides`` (``evaluate.*=...`` or
+    ``precision=...``) apply on top. Other keys would change the fit itself and are refused."""
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise EvaluationError(f"{run_dir} has no config.yaml: is it a pdefit-fit run directory?")
+    bad = [o for o in overrides if not (o.startswith("evaluate.") or o.startswith("precision="))]
+    if bad:
+        raise EvaluationError(f"only evaluate.* and precision may be overridden, got {bad}")
+    cfg = OmegaConf.merge(OmegaConf.structured(FitConfig), OmegaConf.load(path))
+    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+
+
+def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int = 0,
+                 log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Forecast, metrics, plots and ``evaluation.json`` for the finished fit in ``run_dir``."""
+    started = time.perf_counter()
+    run_dir = Path(run_dir)
+    cfg = load_run_config(run_dir, overrides)
+    ev = cfg.evaluate
+    dtype = assemble.set_precision(cfg.precision)
+    if cfg.data.path is not None:
+        raise EvaluationError(
+            "pdefit-evaluate needs the truth beyond the training window; it re-simulates it for "
+            "runs on simulated data (data.path unset). Recorded datasets are not supported yet.")
+    setup = assemble.build_fit(cfg, run_dir / "data.zarr", dtype)
+    problem = setup.problem
+    theta = load_fitted(run_dir / FITTED_FILE, dtype)
+
+    # The truth: the data-making system from its seeded initial state, at the window's start.
+    meta, truth_system, grid, p_true = assemble.dataset_meta(cfg)
+    truth_cfg = assemble.data_system_config(cfg)
+    frames = list(range(meta.n_frames)) if cfg.data.frames is None else list(cfg.data.frames)
+    experiments = (list(range(meta.n_experiments)) if cfg.data.experiments is None
+                   else list(cfg.data.experiments))
+    index = experiments[experiment]
+    t_first, t_last = float(meta.times[frames[0]]), float(meta.times[frames[-1]])
+    time_scale = float(cfg.data.time_scale)
+    interval = float(ev.frame_interval or meta.frame_interval)
+    k_truth = _steps_per(interval, float(truth_cfg.dt), "dataset")
+    k_model = _steps_per(interval / time_scale, problem.dt, "model")
+    horizon = float(ev.horizon) if ev.horizon is not None else 4.0 * (t_last - t_first)
+    n_frames = round(horizon / interval) + 1
+    compare = list(cfg.observe.fields)
+    image = compare[0]
+
+    p_truth = {k: jnp.asarray(v, dtype) for k, v in p_true.items()}
+    truth_step = stepper(truth_system, grid, truth_cfg.integrator)
+    x_truth = {k: jnp.asarray(v, dtype) for k, v in
+               truth_system.initial_state(grid, p_true, cfg.simulate.seed + index).items()}
+    start_steps = round(t_first / float(truth_cfg.dt))
+    x_truth = jax.jit(_advance, static_argnums=(0, 5))(
+        truth_step, x_truth, p_truth, 0.0, float(truth_cfg.dt), start_steps)
+    rng = np.random.default_rng(12345)
+    twin = {**x_truth, image: x_truth[image] + jnp.asarray(
+        ev.lyapunov_perturbation * rng.standard_normal(grid.shape), dtype)}
+    x_model = jax.tree.map(lambda a: a[experiment], problem.initial_state(theta, setup.batch))
+    p_model = problem.physical_params(theta)
+
+    log(f"forecast {n_frames} frames every {interval} from t = {t_first} ({horizon} in all): "
+        f"{truth_system.name} truth and twin, {problem.system.name} model")
+    run = forecast_rollout(truth_step, stepper(problem.system, problem.grid, problem.integrator),
+                           k_truth, k_model, n_frames, compare, image)
+    out = jax.device_get(run(x_truth, x_model, twin, p_truth, p_model, t_first,
+                             problem.t0, float(truth_cfg.dt), problem.dt))
+    times = t_first + interval * np.arange(n_frames)
+
+    mae = np.asarray(out["mae"], dtype=np.float64)  # (n_frames, n_compare)
+    span = np.max(out["high"], axis=0) - np.min(out["low"], axis=0)
+    normalised = np.mean(mae / np.maximum(span, 1e-30), axis=1)
+    valid = validity_horizon(times, normalised, ev.threshold)
+    activation = activation_time_error(out["truth_image"], out["model_image"], times,
+                                       ev.activation_level)
+    lyapunov = lyapunov_exponent(times - t_first, np.asarray(out["separation"]))
+    exponent = lyapunov["exponent"]
+
+    summary_path = run_dir / "summary.json"
+    fit_summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    rows = fit_summary.get("parameters", [])
+    deviations = error_summary(rows) if rows else {}
+    window = t_last - t_first
+    result = {
+        "run_dir": str(run_dir), "experiment": index,
+        "truth_system": truth_system.name, "model_system": problem.system.name,
+        "training_window": [t_first, t_last], "frame_interval": interval,
+        "horizon": horizon, "threshold": ev.threshold, "compared_fields": compare,
+        "valid_for": valid,
+        "lyapunov_exponent": exponent, "lyapunov_fit": lyapunov,
+        "training_window_lyapunov_times": None if exponent is None else window * exponent,
+        "valid_for_lyapunov_times": None if exponent is None else valid * exponent,
+        "activation_time_error_mean": activation["overall"],
+        "activation_time_missed": activation["missed"],
+        "parameters": rows, **{f"parameter_{k}": v for k, v in deviations.items()},
+        "curves": {
+            "time": times.tolist(),
+            "mae": {f: mae[:, i].tolist() for i, f in enumerate(compare)},
+            "normalised_mae": normalised.tolist(),
+            "separation": np.asarray(out["separation"], dtype=np.float64).tolist(),
+            "activation_bin_centres": activation["bin_centres"].tolist(),
+            "activation_error": [None if not np.isfinite(x) else float(x)
+                                 for x in activation["mean_error"]],
+        },
+        "wall_time_s": None,
+    }
+
+    centre = (grid.shape[0] // 2, grid.shape[1] // 2)
+    truth_images = np.asarray(out["truth_image"])
+    model_images = np.asarray(out["model_image"])
+    plot_forecast(times, {**{f"MAE {f}": mae[:, i] for i, f in enumerate(compare)},
+                          "normalised MAE": normalised}, t_last, run_dir / "forecast_mae.png")
+    plot_forecast(activation["bin_centres"], {"mean |Δ activation time|": activation[
+        "mean_error"]}, t_last, run_dir / "activation_error.png", ylabel="activation-time error")
+    plot_forecast(times, {"|twin − truth| (RMS)": np.asarray(out["separation"])}, t_last,
+                  run_dir / "separation.png", ylabel="separation")
+    plot_traces(times, truth_images[:, centre[0], centre[1]],
+                model_images[:, centre[0], centre[1]], t_last, f"{image} at the centre pixel",
+                run_dir / "centre_trace.png")
+    maps_at = list(ev.maps_at) if ev.maps_at else list(
+        np.linspace(t_first, times[-1], 5)[1:])
+    picks = [int(np.argmin(np.abs(times - t))) for t in maps_at]
+    plot_difference_maps(truth_images[picks], model_images[picks], [times[i] for i in picks],
+                         image, run_dir / "difference_maps.png")
+    result["wall_time_s"] = time.perf_counter() - started
+    (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
+    return result
+
+
+def format_evaluation(result: Mapping[str, Any]) -> str:
+    lines = [f"training window {result['training_window'][0]:g}–{result['training_window'][1]:g}"
+             f", forecast over {result['horizon']:g} (frames every {result['frame_interval']:g})"]
+    lam = result["lyapunov_exponent"]
+    if lam is None:
+        lines.append("Lyapunov exponent: not determined (horizon too short for growth)")
+    else:
+        lines.append(f"maximal Lyapunov exponent {lam:.4g} per time unit (Lyapunov time "
+                     f"{1 / lam:.4g}); training window = "
+                     f"{result['training_window_lyapunov_times']:.3g} Lyapunov times")
+    valid = f"forecast valid for {result['valid_for']:g} (normalised MAE ≤ {result['threshold']})"
+    if lam is not None:
+        valid += f" = {result['valid_for_lyapunov_times']:.3g} Lyapunov times"
+    lines.append(valid)
+    lines.append(f"mean activation-time error {result['activation_time_error_mean']:.4g} "
+                 f"({result['activation_time_missed']} truth activations unmatched)")
+    if result.get("parameter_mean_rel_error") is not None:
+        lines.append(f"parameters: mean |rel. deviation| "
+                     f"{100 * result['parameter_mean_rel_error']:.3f} %, median "
+                     f"{100 * result['parameter_median_rel_error']:.3f} %")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``pdefit-evaluate RUN_DIR [evaluate.horizon=2000 ...]``"""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print("usage: pdefit-evaluate RUN_DIR [evaluate.<key>=<value> ...] [precision=float64]\n"
+              "keys: horizon, frame_interval, threshold, activation_level, maps_at, "
+              "lyapunov_perturbation (see pdefit/config.py EvaluateConfig)")
+        raise SystemExit(0 if args else 2)
+    try:
+        result = evaluate_run(Path(args[0]), args[1:])
+    except (EvaluationError, assemble.ConfigError) as err:
+        print(f"pdefit-evaluate: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    print(format_evaluation(result))
+    print(f"wrote {Path(args[0]) / 'evaluation.json'} and plots ({result['wall_time_s']:.1f} s)")

@@ -1,0 +1,174 @@
+"""Parameter ranking, forecast metrics on synthetic cases with known answers, and the
+``pdefit-evaluate`` / ``pdefit-rank`` commands end to end on small problems."""
+
+from __future__ import annotations
+
+import json
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pdefit.evaluate import (
+    activation_time_error,
+    activation_times,
+    lyapunov_exponent,
+    validity_horizon,
+)
+from pdefit.grid import Grid
+from pdefit.influence import rank_parameters
+from systems.bocf import BOCF, parameter_values
+
+# -- metrics with known answers -----------------------------------------------------------------
+
+
+def test_validity_horizon():
+    times = np.arange(11.0)
+    error = np.array([0, 0.01, 0.02, 0.03, 0.04, 0.06, 0.2, 0.01, 0, 0, 0])
+    assert validity_horizon(times, error, 0.05) == 4.0  # last frame before the first above
+    assert validity_horizon(times, error, 0.5) == 10.0  # never above: the whole span
+    assert validity_horizon(times + 3.0, np.full(11, 1.0), 0.5) == 0.0
+
+
+def pulses(times, starts, n_pixels, speed=0.0):
+    """A train of square-ish pulses (smooth upstrokes): pixel i activates at start + speed·i."""
+    t = times[:, None]
+    onset = np.asarray(starts)[:, None, None] + speed * np.arange(n_pixels)[None, None, :]
+    u = np.zeros((len(times), n_pixels))
+    for k in range(onset.shape[0]):
+        u = np.maximum(u, 1.0 / (1.0 + np.exp(-(t - onset[k]) / 0.3)) * (t < onset[k] + 8.0))
+    return u.reshape(len(times), 1, n_pixels)
+
+
+def test_activation_times_and_their_error_for_a_shifted_wave():
+    times = np.linspace(0.0, 60.0, 1201)
+    truth = pulses(times, [5.0, 25.0, 45.0], 6, speed=0.5)
+    found = activation_times(truth, times, 0.5)
+    assert len(found) == 6
+    for i, t in enumerate(found):
+        np.testing.assert_allclose(t, [5.0 + 0.5 * i, 25.0 + 0.5 * i, 45.0 + 0.5 * i], atol=2e-3)
+    late = pulses(times, [5.7, 25.7, 45.7], 6, speed=0.5)  # the model lags by 0.7
+    result = activation_time_error(truth, late, times, 0.5, bins=6)
+    assert result["overall"] == pytest.approx(0.7, abs=2e-3)
+    assert result["missed"] == 0
+    assert int(result["count"].sum()) == 18
+    binned = result["mean_error"][np.isfinite(result["mean_error"])]
+    np.testing.assert_allclose(binned, 0.7, atol=2e-3)
+    # A model that never activates: every truth activation is missed, none is averaged.
+    silent = activation_time_error(truth, np.zeros_like(truth), times, 0.5)
+    assert silent["missed"] == 18 and np.isnan(silent["overall"])
+
+
+def test_lyapunov_exponent_of_exponential_growth_with_saturation():
+    times = np.linspace(0.0, 100.0, 501)
+    rate = 0.23
+    separation = np.minimum(1e-8 * np.exp(rate * times), 1.0)
+    fit = lyapunov_exponent(times, separation)
+    assert fit["exponent"] == pytest.approx(rate, rel=1e-9)
+    assert 9.9 < fit["fit_start"] < 10.5 and fit["fit_end"] < np.log(0.1 / 1e-8) / rate + 0.3
+    # Noise-level wobble on top changes the estimate only a little.
+    noisy = separation * np.exp(0.01 * np.random.default_rng(0).standard_normal(times.size))
+    assert lyapunov_exponent(times, noisy)["exponent"] == pytest.approx(rate, rel=0.01)
+    # Decay: no growth stretch, no estimate.
+    assert lyapunov_exponent(times, 1e-3 * np.exp(-times))["exponent"] is None
+
+
+# -- parameter ranking --------------------------------------------------------------------------
+
+SMALL_BOCF = BOCF(parameter_set="TNNP", laplacian="9pt", init_stimuli=6, init_duration=60.0)
+
+
+def test_ranking_is_stable_and_puts_inert_parameters_last():
+    grid = Grid((24, 24), (1.0, 1.0))
+    params = {**parameter_values("TNNP"), "D": 0.1}
+    x0 = SMALL_BOCF.initial_state(grid, params, seed=0)
+    rankings = [rank_parameters(SMALL_BOCF, grid, params, 0.05, "rush_larsen", x0, 400, 10,
+                                factor=f, dtype=jnp.float64) for f in (1.5, 1.4)]
+    names = [[r["name"] for r in rows] for rows in rankings]
+    assert len(names[0]) == len(SMALL_BOCF.params) and [r["rank"] for r in rankings[0]] == list(
+        range(1, 30))
+    # The order of the influential parameters does not depend on the exact factor.
+    assert set(names[0][:6]) == set(names[1][:6])
+    # The paper's most influential parameter leads; u_o = 0 cannot move anything.
+    assert names[0][0] == "u_s"
+    assert names[0][-1] == "u_o" and rankings[0][-1]["mae"] == 0.0
+    maes = [r["mae"] for r in rankings[0]]
+    assert maes == sorted(maes, reverse=True)
+    with pytest.raises(ValueError, match="unknown parameter"):
+        rank_parameters(SMALL_BOCF, grid, params, 0.05, "rush_larsen", x0, 10, names=["nope"])
+
+
+# -- commands end to end ------------------------------------------------------------------------
+
+from tests.test_fit import SMALL, config  # noqa: E402  (shared compose helper and small config)
+
+
+def test_rank_command_writes_table_and_plot(tmp_path):
+    from pdefit.cli import rank
+
+    cfg = config(tmp_path, *SMALL, "rank.top=3")
+    rows = rank(cfg)
+    stored = json.loads((tmp_path / "ranking.json").read_text())
+    assert [r["name"] for r in stored["ranking"]] == [r["name"] for r in rows]
+    assert (tmp_path / "ranking.png").stat().st_size > 0
+    assert "rank" in (tmp_path / "ranking.txt").read_text()
+
+
+def test_evaluate_of_an_exact_model_gives_zero_errors(tmp_path):
+    """Start the fit at the truth: the forecast is the truth (up to the dataset's float32
+    rounding), so the forecast is valid over the whole horizon and activation times agree."""
+    from pdefit.cli import fit
+    from pdefit.forecast import evaluate_run
+
+    run = tmp_path / "run"
+    fit(config(run, *SMALL, "precision=float64", "fit.perturb=null", "optim.steps=1"))
+    result = evaluate_run(run, ["evaluate.horizon=30"], log=lambda _: None)
+    assert result["valid_for"] == pytest.approx(30.0)
+    # Not exactly zero: the dataset stores float32, so the known initial fields are rounded.
+    assert max(max(v) for v in result["curves"]["mae"].values()) < 1e-6
+    assert result["activation_time_error_mean"] < 1e-5
+    assert result["activation_time_missed"] == 0
+    for name in ("forecast_mae.png", "centre_trace.png", "difference_maps.png",
+                 "separation.png", "evaluation.json"):
+        assert (run / name).stat().st_size > 0, name
+
+
+def test_evaluate_refuses_what_it_cannot_do(tmp_path):
+    from pdefit.forecast import EvaluationError, evaluate_run
+
+    with pytest.raises(EvaluationError, match=r"config\.yaml"):
+        evaluate_run(tmp_path)
+    (tmp_path / "config.yaml").write_text("precision: float64\n")
+    with pytest.raises(EvaluationError, match="only evaluate"):
+        evaluate_run(tmp_path, ["optim.lr=3"])
+
+
+SURROGATE = ["experiment=ap_from_bocf", "system.grid.shape=[16,16]",
+             "simulate.system.grid.shape=[16,16]", "+simulate.system.options.init_stimuli=4",
+             "+simulate.system.options.init_duration=200", "simulate.n_frames=5",
+             "run.progress=false", "run.plots=false"]
+
+
+def test_surrogate_fit_reads_only_observed_fields_on_the_model_clock(tmp_path):
+    """AP fitted to BOCF data: the dataset's clock is divided by data.time_scale, only u is
+    taken from it (BOCF's v is a different variable from AP's v), there is no reference."""
+    from pdefit import assemble
+    from pdefit.cli import _dataset_for
+
+    cfg = config(tmp_path, *SURROGATE)
+    dtype = assemble.set_precision("float64")
+    setup = assemble.build_fit(cfg, _dataset_for(cfg, tmp_path, dtype), dtype)
+    problem = setup.problem
+    assert problem.system.name == "aliev_panfilov"
+    assert problem.n_steps == 4 * 10  # 6.45 ms frames = 0.5 AP units = 10 steps of 0.05
+    assert setup.reference is None and problem.fitted_fields == ("u", "v")
+    assert float(np.abs(setup.theta0["fields"]["v"]).max()) == 0.0  # not BOCF's v ≈ 1
+    assert float(np.abs(setup.theta0["fields"]["u"]).max()) > 0.5  # u(0) starts from the data
+    assert setup.start_values["k"] == 8.0  # perturb: null, AP96 values
+    with pytest.raises(assemble.ConfigError, match="not a multiple"):
+        bad = config(tmp_path, *SURROGATE, "data.time_scale=10.0")
+        assemble.build_fit(bad, _dataset_for(bad, tmp_path, dtype), dtype)
+    from pdefit.data import DatasetError
+    with pytest.raises(DatasetError, match="made by system 'bocf'"):
+        other = config(tmp_path, *SURROGATE, "data.system=null")
+        assemble.build_fit(other, _dataset_for(other, tmp_path, dtype), dtype)
