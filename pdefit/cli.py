@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from . import assemble, batch, parallel
+from . import data as zd
 from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import register_configs
 from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
@@ -77,41 +78,69 @@ def simulate_main(cfg: DictConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+def window_stages(cfg: DictConfig, n_frames: int) -> list[list[int] | None]:
+    """The training windows of a staged fit: ``fit.stages`` lists how many of the used frames
+    each stage sees (increasing); the last stage always sees them all. Without stages: one
+    stage on ``data.frames`` as configured (``None``)."""
+    if not cfg.fit.stages:
+        return [None]
+    frames = list(range(n_frames)) if cfg.data.frames is None else list(cfg.data.frames)
+    counts = [int(k) for k in cfg.fit.stages]
+    if any(k < 2 for k in counts) or counts != sorted(set(counts)) or counts[-1] > len(frames):
+        raise assemble.ConfigError(
+            f"fit.stages must be increasing frame counts in [2, {len(frames)}], got {counts}")
+    if counts[-1] != len(frames):
+        counts.append(len(frames))
+    return [frames[:k] for k in counts]
+
+
 def fit(cfg: DictConfig) -> dict[str, Any]:
-    """Run one fit described by ``cfg``; return the summary (also written to summary.json)."""
+    """Run one fit described by ``cfg``; return the summary (also written to summary.json).
+
+    With ``fit.stages`` the training window grows stage by stage, each stage starting from the
+    previous one's best θ: a long window of a chaotic system has many local minima far from
+    the truth, a short one is nearly convex, and each lengthening starts close to its minimum.
+    Each stage keeps its own checkpoints, metrics and status under ``stage-<i>/``, so an
+    interrupted staged fit resumes in the stage where it stopped."""
     dtype = assemble.set_precision(cfg.precision)
     _start_processes(cfg)
     out = _output_dir(cfg)
     dataset = _dataset_for(cfg, out, dtype)
-    setup = assemble.build_fit(cfg, dataset, dtype)
-    problem = setup.problem
-    log.info(f"fit {list(problem.layout.fitted)} + fields {list(problem.fitted_fields)} of "
-             f"{problem.system.name} on {problem.grid.shape}: {problem.n_steps} steps of "
-             f"dt={problem.dt}, schedule {problem.schedule}")
+    stages = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
     lead = jax.process_index() == 0  # one process writes the shared run directory's files
     if lead:
         (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
-
-    def describe(theta):
-        return {n: problem.layout.physical(theta["params"])[n] for n in problem.layout.fitted}
-
-    checkpoint = CheckpointOptions(out / CHECKPOINT_DIR, cfg.run.checkpoint_every,
-                                   cfg.run.checkpoint_keep)
-    state, history = run_fit(problem.loss, setup.theta0, setup.batch,
-                             cfg.optim, describe=describe, metrics_path=out / "metrics.jsonl",
-                             progress=cfg.run.progress, log=log.warning, checkpoint=checkpoint,
-                             resume=cfg.run.resume, config=plain_config(cfg),
-                             status_path=out / "status.json")
-    theta = history.best_theta
+    theta, losses, wall, first = None, [], 0.0, None
+    for index, frames in enumerate(stages):
+        stage_cfg = cfg
+        if frames is not None:
+            stage_cfg = cfg.copy()
+            OmegaConf.update(stage_cfg, "data.frames", frames)
+        setup = assemble.build_fit(stage_cfg, dataset, dtype)
+        if first is None:
+            first = setup
+        stage_out = out if len(stages) == 1 else out / f"stage-{index}"
+        stage_out.mkdir(parents=True, exist_ok=True)
+        state, history = _fit_stage(stage_cfg, setup, stage_out, theta)
+        theta = history.best_theta
+        losses += history.losses
+        wall += history.wall_time
+        if len(stages) > 1:
+            log.info(f"stage {index + 1}/{len(stages)} ({len(frames)} frames, "
+                     f"{setup.problem.n_steps} steps): loss {history.losses[0]:.3e} → "
+                     f"{history.best_loss:.3e}")
+    problem = setup.problem
     save_fitted(out / FITTED_FILE, theta)  # for pdefit-evaluate
-    recovered = {k: float(v) for k, v in describe(theta).items()}
-    rows = parameter_table(problem.layout.fitted, setup.start_values, recovered, setup.reference)
+    recovered = {k: float(v) for k, v in _describe(problem, theta).items()}
+    rows = parameter_table(problem.layout.fitted, first.start_values, recovered,
+                           setup.reference)
     summary = {
         "system": problem.system.name, "grid": list(problem.grid.shape),
         "n_steps": problem.n_steps, "schedule": str(problem.schedule),
+        "stages": [None if f is None else len(f) for f in stages],
         "optimizer_steps": int(state.step), "final_loss": history.losses[-1],
-        "best_loss": history.best_loss, "initial_loss": history.losses[0],
-        "wall_time_s": history.wall_time, "nan_failures": history.nan_failures,
+        "best_loss": history.best_loss, "initial_loss": losses[0],
+        "wall_time_s": wall, "nan_failures": history.nan_failures,
         "restarts": history.restarts,
         "parameters": rows, **error_summary(rows),
     }
@@ -120,14 +149,34 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     print(format_table(rows))
     if summary["mean_rel_error"] is not None:
         print(f"mean relative error {100 * summary['mean_rel_error']:.3f} %, median "
-              f"{100 * summary['median_rel_error']:.3f} %  (loss {history.losses[0]:.3e} → "
-              f"{history.best_loss:.3e}, {history.wall_time:.1f} s)")
+              f"{100 * summary['median_rel_error']:.3f} %  (loss {losses[0]:.3e} → "
+              f"{history.best_loss:.3e}, {wall:.1f} s)")
     if cfg.run.plots and lead:
-        plot_loss(history.losses, out / "loss.png")
+        plot_loss(losses, out / "loss.png")
         if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
             _plot_prediction(problem, setup, theta, out / "fields.png")
     log.info(f"outputs in {out}")
     return summary
+
+
+def _describe(problem, theta) -> dict[str, Any]:
+    return {n: problem.layout.physical(theta["params"])[n] for n in problem.layout.fitted}
+
+
+def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any):
+    """One run of the optimiser on ``setup`` (from ``theta0`` if given), checkpointed in
+    ``out``."""
+    problem = setup.problem
+    log.info(f"fit {list(problem.layout.fitted)} + fields {list(problem.fitted_fields)} of "
+             f"{problem.system.name} on {problem.grid.shape}: {problem.n_steps} steps of "
+             f"dt={problem.dt}, schedule {problem.schedule}")
+    checkpoint = CheckpointOptions(out / CHECKPOINT_DIR, cfg.run.checkpoint_every,
+                                   cfg.run.checkpoint_keep)
+    return run_fit(problem.loss, setup.theta0 if theta0 is None else theta0, setup.batch,
+                   cfg.optim, describe=lambda th: _describe(problem, th),
+                   metrics_path=out / "metrics.jsonl", progress=cfg.run.progress,
+                   log=log.warning, checkpoint=checkpoint, resume=cfg.run.resume,
+                   config=plain_config(cfg), status_path=out / "status.json")
 
 
 def _plot_prediction(problem, setup, theta, path: Path) -> None:

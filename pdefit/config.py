@@ -94,6 +94,9 @@ class FitSpecConfig:
     perturb: PerturbConfig | None = field(default_factory=PerturbConfig)
     transforms: dict[str, str] = field(default_factory=dict)  # per-parameter override
     initial_fields: dict[str, str] = field(default_factory=dict)  # field -> data | fit
+    # Growing training windows: frame counts of successive stages (the last stage sees all
+    # frames), each starting from the previous one's result. None: one stage.
+    stages: list[int] | None = None
 
 
 @dataclass
