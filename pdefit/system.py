@@ -8,7 +8,11 @@ closed over by jitted functions. It provides:
 - either ``rhs(state, params, t, grid)`` (method of lines; any integrator applies, and
   ``gates(...)`` enables Rush–Larsen) or ``step(state, params, t, dt, grid)`` (systems that
   need a projection or a split step);
-- ``max_stable_dt(params, grid)``: the largest stable forward-Euler step;
+- ``max_stable_dt(params, grid)``: the largest stable forward-Euler step of ``rhs``, or, for a
+  system with its own ``step``, the largest stable step of that step (it is not rescaled by
+  :func:`check_time_step`, and the configured integrator is ignored);
+- optionally ``cfl_dt(state, params, grid)``: a state-dependent advective limit, for systems
+  whose stability depends on the flow (it cannot be checked before there is a state);
 - ``initial_state(grid, params, seed)``: a seeded generator of a typical state.
 
 Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call collectives.

@@ -18,13 +18,14 @@ so datasets, observations and checkpoints treat it like any cell-centred field:
 
 The pressure lives at cell centres but is not part of the state: each stage is projected.
 
-Scheme: second-order centred differences in flux form (the nonlinear terms conserve momentum
-and, for a divergence-free field, kinetic energy and ∫θ² up to time-stepping error), and the
-three-stage SSP Runge–Kutta method of Shu & Osher with a pressure projection after every stage.
-The projection solves the discrete Neumann Poisson problem exactly by a real FFT in x and a
-DCT-II in z, whose eigenvalues are λx = −(2 − 2 cos(k dx))/dx² and λz = −(2 − 2 cos(π m/nz))/dz²,
-so the projected velocity is divergence-free to round-off; it is linear and differentiable,
-with no matrices and no iterations. Because the face average of the linear base temperature is
+Scheme: second-order centred differences in flux (divergence) form, whose advection terms
+conserve kinetic energy and ∫θ² for a discretely divergence-free velocity (up to time-stepping
+error), and the three-stage SSP Runge–Kutta method of Shu & Osher with a pressure projection
+after every stage. The projection solves the discrete Neumann Poisson problem exactly by a real
+FFT in x and a DCT-II in z (taken as an FFT of the mirrored field), with eigenvalues
+λx = −(2 − 2 cos(k dx))/dx² and λz = −(2 − 2 cos(π m/nz))/dz², so the projected velocity is
+divergence-free to round-off; it is linear and differentiable, with no matrices and no
+iterations. Because the face average of the linear base temperature is
 exact, the discrete equations conserve total heat flux level by level, and the volume-averaged
 Nusselt number 1 + ⟨wθ⟩ equals the wall one (1 − ∂z⟨θ⟩ at z = 0) in a discrete steady state.
 
@@ -41,7 +42,6 @@ from typing import Any, ClassVar
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.scipy.fft import dct, idct
 
 from pdefit.grid import NEUMANN, PERIODIC, Grid
 from pdefit.params import ParamSpec
@@ -55,6 +55,8 @@ ONSET = {"no_slip": (1707.762, 3.117), "free_slip": (27.0 * math.pi**4 / 4.0,
 
 # Real-axis and imaginary-axis extents of the stability region of SSP-RK3.
 RK3_REAL_EXTENT = 2.5127
+# Shu–Osher weights of the old state in the three stages of SSP-RK3.
+SSP_RK3_WEIGHTS = (0.0, 0.75, 1.0 / 3.0)
 RK3_IMAG_EXTENT = math.sqrt(3.0)
 
 
@@ -116,9 +118,10 @@ def divergence_of(u: jnp.ndarray, w: jnp.ndarray, dz: float, dx: float) -> jnp.n
 
 
 def _inverse_eigenvalues(nz: int, nx: int, dz: float, dx: float, dtype: Any) -> np.ndarray:
-    """1/λ of the Neumann(z)–periodic(x) five-point Laplacian in the DCT-II × rFFT basis,
-    with the constant mode (λ = 0, the pressure's free constant) mapped to 0."""
-    lam_z = -(2.0 - 2.0 * np.cos(np.pi * np.arange(nz) / nz)) / dz**2
+    """1/λ of the Neumann(z)–periodic(x) five-point Laplacian on the z-mirrored grid (2nz
+    rows) in the rFFT basis, λ = −(2 − 2 cos(π m/nz))/dz² − (2 − 2 cos(2π k/nx))/dx², with the
+    constant mode (λ = 0, the pressure's free constant) mapped to 0."""
+    lam_z = -(2.0 - 2.0 * np.cos(np.pi * np.arange(2 * nz) / nz)) / dz**2
     lam_x = -(2.0 - 2.0 * np.cos(2.0 * np.pi * np.arange(nx // 2 + 1) / nx)) / dx**2
     lam = lam_z[:, None] + lam_x[None, :]
     lam[0, 0] = 1.0
@@ -128,12 +131,18 @@ def _inverse_eigenvalues(nz: int, nx: int, dz: float, dx: float, dtype: Any) -> 
 
 
 def solve_poisson(rhs: jnp.ndarray, dz: float, dx: float) -> jnp.ndarray:
-    """φ with L φ = rhs for the discrete Laplacian L (zero-flux in z, periodic in x); the
-    mean of ``rhs`` (the null space) is dropped and φ has zero mean."""
+    """φ with L φ = rhs for the discrete Laplacian L (zero flux through the walls, periodic in
+    x); the mean of ``rhs`` (the null space) is dropped and φ has zero mean.
+
+    The DCT-II in z is taken as the FFT of the even (half-sample) mirror image about the
+    walls: mirroring is exactly the zero-flux ghost rule, so the mirrored field obeys the
+    periodic Laplacian on 2nz rows and one rFFT2 diagonalises it, with the DCT-II eigenvalues
+    (the same numbers as ``jax.scipy.fft.dct``, at a fifth of its compile time)."""
     nz, nx = rhs.shape[-2:]
     inv = _inverse_eigenvalues(nz, nx, dz, dx, np.dtype(rhs.dtype))
-    spectral = jnp.fft.rfft(dct(rhs, type=2, axis=-2, norm="ortho"), axis=-1)
-    return idct(jnp.fft.irfft(spectral * inv, n=nx, axis=-1), type=2, axis=-2, norm="ortho")
+    mirrored = jnp.concatenate([rhs, rhs[..., ::-1, :]], axis=-2)
+    phi = jnp.fft.irfft2(jnp.fft.rfft2(mirrored) * inv, s=(2 * nz, nx))
+    return phi[..., :nz, :]
 
 
 def project(u: jnp.ndarray, w: jnp.ndarray, dz: float, dx: float,
@@ -220,22 +229,22 @@ class RayleighBenard:
         return {"u": du, "w": dw, "theta": dth}
 
     def step(self, state, params, t, dt, grid: Grid) -> dict[str, jnp.ndarray]:
-        """One SSP-RK3 step, each stage projected onto divergence-free velocity. The stages
-        combine divergence-free fields convexly, so projecting each stage's result keeps the
-        step second/third-order and the velocity divergence-free to round-off."""
+        """One SSP-RK3 (Shu–Osher) step, each stage projected onto divergence-free velocity.
+        Stage k maps s to a_k·x + (1 − a_k)·(s + dt·F(s)) with a = (0, ¾, ⅓): it combines
+        divergence-free fields convexly, so projecting each stage keeps the method's order
+        and the velocity divergence-free to round-off. The stages run as a ``lax.scan`` so
+        the stage is traced (and compiled, and differentiated) once, not three times."""
         check_grid(grid)
         dz, dx = grid.spacing
 
-        def stage(base, a, s):
-            """a·base + (1 − a)·(s + dt·F(s)), projected."""
+        def stage(s, a):
             ds = self.tendencies(s, params, grid)
-            new = {k: a * base[k] + (1.0 - a) * (s[k] + dt * ds[k]) for k in self.fields}
+            new = {k: a * state[k] + (1.0 - a) * (s[k] + dt * ds[k]) for k in self.fields}
             new["u"], new["w"] = project(new["u"], new["w"], dz, dx)
-            return new
+            return new, None
 
-        s1 = stage(state, 0.0, state)
-        s2 = stage(state, 0.75, s1)
-        return stage(state, 1.0 / 3.0, s2)
+        dtype = jnp.result_type(*jax.tree.leaves(state))
+        return jax.lax.scan(stage, state, jnp.asarray(SSP_RK3_WEIGHTS, dtype))[0]
 
     def max_stable_dt(self, params, grid: Grid) -> float:
         """The diffusive limit 2/(max(Pr, 1)·(4/dx² + 4/dz²)) = dx²/(4 max(Pr, 1)) for
@@ -246,17 +255,19 @@ class RayleighBenard:
         nu = max(float(params["Pr"]), 1.0)
         return 2.0 / (nu * (4.0 / dx**2 + 4.0 / dz**2))
 
-    def cfl_dt(self, state, grid: Grid, courant: float = 1.0) -> jnp.ndarray:
+    def cfl_dt(self, state, params, grid: Grid, courant: float = 1.0) -> jnp.ndarray:
         """courant / max(|u|/dx + |w|/dz): the advective limit of centred differences with
         SSP-RK3 is courant = √3 (its imaginary-axis extent); 1 leaves room for diffusion.
-        Infinite for a fluid at rest. Jittable."""
+        Infinite for a fluid at rest. Jittable (``float()`` it outside jit). ``params`` is
+        unused; it keeps the signature of the other systems' ``cfl_dt``."""
         dz, dx = grid.spacing
         rate = jnp.max(jnp.abs(state["u"]) / dx + jnp.abs(state["w"]) / dz)
         return jnp.where(rate > 0, courant / jnp.where(rate > 0, rate, 1.0), jnp.inf)
 
     def stable_dt(self, state, params, grid: Grid, courant: float = 1.0) -> jnp.ndarray:
         """The smaller of the diffusive and the advective limits for this state."""
-        return jnp.minimum(self.max_stable_dt(params, grid), self.cfl_dt(state, grid, courant))
+        return jnp.minimum(self.max_stable_dt(params, grid),
+                           self.cfl_dt(state, params, grid, courant))
 
     # -- diagnostics -----------------------------------------------------------------------------
 
@@ -326,7 +337,8 @@ class RayleighBenard:
 
         def one_step(carry):
             s, t = carry
-            dt = jnp.minimum(safety * jnp.minimum(diffusive, self.cfl_dt(s, grid)), duration - t)
+            limit = jnp.minimum(diffusive, self.cfl_dt(s, params, grid))
+            dt = jnp.minimum(safety * limit, duration - t)
             return self.step(s, params, t, dt, grid), t + dt
 
         t0 = jnp.zeros((), jax.tree.leaves(state)[0].dtype)
