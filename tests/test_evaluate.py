@@ -172,3 +172,21 @@ def test_surrogate_fit_reads_only_observed_fields_on_the_model_clock(tmp_path):
     with pytest.raises(DatasetError, match="made by system 'bocf'"):
         other = config(tmp_path, *SURROGATE, "data.system=null")
         assemble.build_fit(other, _dataset_for(other, tmp_path, dtype), dtype)
+
+
+def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
+    from pdefit.cli import fit
+
+    overrides = [*SMALL, "precision=float64", "fit.stages=[2,3]", "optim.steps=40",
+                 "fit.params=[k,a]", "run.checkpoint_every=5"]
+    summary = fit(config(tmp_path, *overrides))
+    assert summary["stages"] == [2, 3, 4]
+    assert summary["n_steps"] == 30  # the last stage sees all 4 frames
+    for i in range(3):
+        assert (tmp_path / f"stage-{i}" / "status.json").exists()
+    assert summary["max_rel_error"] < 1e-4
+    # Run again: every stage is complete, so nothing is recomputed and the result is the same.
+    again = fit(config(tmp_path, *overrides))
+    assert again["parameters"] == summary["parameters"]
+    with pytest.raises(Exception, match=r"fit\.stages"):
+        fit(config(tmp_path / "bad", *SMALL, "fit.stages=[3,2]"))
