@@ -56,6 +56,18 @@ class SimulateConfig:
     # contiguous block of the experiments; tasks=1 writes everything.
     task: int = 0
     tasks: int = 1
+    # The names written to the dataset: state fields and/or the system's observables (e.g.
+    # sphere_ns's u_theta, u_phi); None: the state fields.
+    fields: list[str] | None = None
+    # Per-experiment truths: parameter -> {low, high}, each experiment's value drawn
+    # uniformly (seeded by `seed`); with center_per_experiment the draws are shifted to mean
+    # zero, the frame a fit with a small L2 prior on them recovers (only differences between
+    # experiments are observable when a shared field can absorb a common offset).
+    per_experiment: dict[str, Any] = field(default_factory=dict)
+    center_per_experiment: bool = True
+    # Array-valued truths: parameter -> options of the system's synthetic_param(name, ...)
+    # (e.g. a smooth random force field), stored in the dataset as true_<name>.
+    arrays: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -94,6 +106,9 @@ class FitSpecConfig:
     perturb: PerturbConfig | None = field(default_factory=PerturbConfig)
     transforms: dict[str, str] = field(default_factory=dict)  # per-parameter override
     initial_fields: dict[str, str] = field(default_factory=dict)  # field -> data | fit
+    # Fitted parameters with one value per experiment (e.g. an alignment); the others are
+    # shared by all experiments.
+    per_experiment: list[str] = field(default_factory=list)
     # Growing training windows: frame counts of successive stages (the last stage sees all
     # frames), each starting from the previous one's result. None: one stage.
     stages: list[int] | None = None
@@ -111,6 +126,7 @@ class OptimConfig:
     nan_lr_factor: float = 0.5  # on a non-finite loss/gradient the step is skipped, lr scaled
     max_nan_failures: int = 5
     grad_tol: float = 0.0  # stop once |grad| <= grad_tol * |initial grad|
+    patience: int | None = None  # stop once the loss has not improved in this many steps
 
 
 @dataclass
@@ -123,8 +139,10 @@ class AdjointConfig:
 
 @dataclass
 class RegularizationConfig:
-    params: float = 0.0
+    params: float = 0.0  # L2 weight on every fitted parameter's distance from its default
     fields: float = 0.0
+    param_l2: dict[str, float] = field(default_factory=dict)  # per-parameter L2 weight
+    smoothness: dict[str, float] = field(default_factory=dict)  # array parameter -> weight
 
 
 @dataclass

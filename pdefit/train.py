@@ -197,6 +197,17 @@ class _Anchor:
     n_records: int
 
 
+def _stalled(records: list[dict[str, Any]], patience: int) -> bool:
+    """True when the best loss of the last ``patience`` records is no better (by a relative
+    1e-6) than the best before them: the optimiser is going nowhere (e.g. an L-BFGS line
+    search that can no longer find descent in float32 noise)."""
+    if len(records) <= patience:
+        return False
+    before = min(r["loss"] for r in records[:-patience])
+    recent = min(r["loss"] for r in records[-patience:])
+    return recent > before * (1.0 - 1e-6)
+
+
 def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             describe: Callable[[Any], Mapping[str, float]] | None = None,
             metrics_path: Path | None = None, progress: bool = True,
@@ -286,6 +297,10 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                     if converged:
                         log(f"converged at step {int(state.step)}: gradient norm "
                             f"{record['grad_norm']:.3e} <= {cfg.grad_tol:g} x initial")
+                    elif cfg.patience and _stalled(history.records, cfg.patience):
+                        converged = True
+                        log(f"stopped at step {int(state.step)}: the loss has not improved "
+                            f"by a relative 1e-6 in {cfg.patience} steps (optim.patience)")
                     bar.set_postfix(loss=f"{value:.3e}", refresh=False)
                     bar.update(1)
                     if on_step:
