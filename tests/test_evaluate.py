@@ -190,3 +190,16 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
     assert again["parameters"] == summary["parameters"]
     with pytest.raises(Exception, match=r"fit\.stages"):
         fit(config(tmp_path / "bad", *SMALL, "fit.stages=[3,2]"))
+
+
+def test_patience_detects_a_stalled_loss():
+    from pdefit.train import _stalled
+
+    def records(losses):
+        return [{"loss": x} for x in losses]
+
+    assert not _stalled(records([5, 4, 3, 2, 1]), 3)
+    assert _stalled(records([5, 1, 1, 1, 1]), 3)
+    assert _stalled(records([5, 1, 2, 3, 1]), 3)  # no better than 1 since
+    assert not _stalled(records([5, 1, 1, 1, 0.5]), 3)
+    assert not _stalled(records([5, 1]), 3)  # too early to say
