@@ -53,10 +53,10 @@ WALLS = ("no_slip", "free_slip")
 ONSET = {"no_slip": (1707.762, 3.117), "free_slip": (27.0 * math.pi**4 / 4.0,
                                                        math.pi / math.sqrt(2.0))}
 
-# Real-axis and imaginary-axis extents of the stability region of SSP-RK3.
-RK3_REAL_EXTENT = 2.5127
 # Shu–Osher weights of the old state in the three stages of SSP-RK3.
 SSP_RK3_WEIGHTS = (0.0, 0.75, 1.0 / 3.0)
+# Extents of SSP-RK3's stability region along the negative real and the imaginary axis.
+RK3_REAL_EXTENT = 2.5127
 RK3_IMAG_EXTENT = math.sqrt(3.0)
 
 
