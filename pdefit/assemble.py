@@ -18,10 +18,10 @@ from systems import get_system
 from . import data as zd
 from .adjoint import Nested, Revolve, Schedule, StoreAll, snapshots_for_budget
 from .config import AdjointConfig, FitConfig, MeshConfig, SystemConfig
-from .domain import FIELD, FRAMES, REPLICATED, Domain
+from .domain import FIELD, FRAMES, PER_EXPERIMENT, REPLICATED, Domain
 from .grid import Grid
 from .integrate import INTEGRATORS, simulate
-from .observe import LOSSES, Observation, observed_data
+from .observe import LOSSES, Observation, observable_names, observed_data
 from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
 from .problem import Batch, FitProblem, Regularization
@@ -53,20 +53,28 @@ def make_system(cfg: SystemConfig) -> System:
         raise ConfigError(f"system: {err}") from None
 
 
-def system_params(system: System, overrides: Any) -> dict[str, float]:
-    """Defaults with ``system.params`` overrides; unknown names are an error."""
+def system_params(system: System, overrides: Any) -> dict[str, Any]:
+    """Defaults with ``system.params`` overrides; unknown names are an error. Array
+    parameters come out as arrays of their shape (a scalar default or override fills it)."""
     values = default_params(system)
     unknown = sorted(set(overrides) - set(values))
     if unknown:
         raise ConfigError(f"system.params: unknown parameter(s) {unknown} for {system.name}; "
                           f"it has {sorted(values)}")
-    values.update({k: float(v) for k, v in overrides.items()})
+    values.update(dict(overrides))
     for name, value in values.items():
+        spec = system.params[name]
         try:
-            system.params[name].check(name, value)
+            values[name] = spec.full(value)
+            spec.check(name, values[name])
         except ParameterError as err:
-            raise ConfigError(f"system.params: {err}") from None
+            raise ConfigError(f"system.params: {name}: {err}") from None
     return values
+
+
+def observable_fields(system: System, grid: Grid) -> tuple[str, ...]:
+    """Names a dataset of this system may hold: its state fields and derived observables."""
+    return (*system.fields, *observable_names(system, grid))
 
 
 def check_dynamics(system: System, params: dict[str, float], grid: Grid, cfg: SystemConfig,
@@ -117,8 +125,9 @@ def make_schedule(cfg: AdjointConfig, state_bytes: int) -> Schedule:
 
 def simulate_frames(system: System, grid: Grid, params: dict[str, float], dt: float,
                     integrator: str, n_frames: int, steps_per_frame: int, seed: int,
-                    dtype: Any) -> dict[str, np.ndarray]:
-    """One experiment: a seeded initial state and its frames, (n_frames, ny, nx) per field."""
+                    dtype: Any, fields: Any = None) -> dict[str, np.ndarray]:
+    """One experiment: a seeded initial state and its frames, (n_frames, ny, nx) per name of
+    ``fields`` (state fields or the system's observables; None: the state fields)."""
     state = system.initial_state(grid, params, seed)
     state = {k: jnp.asarray(v, dtype) for k, v in state.items()}
     p = {k: jnp.asarray(v, dtype) for k, v in params.items()}
@@ -126,7 +135,64 @@ def simulate_frames(system: System, grid: Grid, params: dict[str, float], dt: fl
     n_steps = (n_frames - 1) * steps_per_frame
     run = jax.jit(simulate, static_argnums=(0, 5, 6))
     frames = run(step, state, p, 0.0, dt, n_steps, steps_per_frame)
-    return {k: np.asarray(v) for k, v in frames.items()}
+    names = tuple(system.fields if fields is None else fields)
+    if any(n not in frames for n in names):
+        frames = {**frames, **jax.jit(jax.vmap(system.observables))(frames)}
+    return {k: np.asarray(frames[k]) for k in names}
+
+
+def draw_per_experiment(cfg: Any, system: System, n_experiments: int,
+                        ) -> dict[str, list[float]]:
+    """Per-experiment true values of ``simulate.per_experiment`` (name -> {low, high}),
+    uniform and seeded by ``simulate.seed``; centred on zero mean if asked."""
+    sim = cfg.simulate
+    rng = np.random.default_rng([int(sim.seed), 7919])  # a stream apart from the states'
+    out = {}
+    for name, dist in dict(getattr(sim, "per_experiment", None) or {}).items():
+        spec = system.params.get(name)
+        if spec is None or spec.shape:
+            raise ConfigError(f"simulate.per_experiment: {name!r} is not a scalar parameter of "
+                              f"{system.name}; it has {sorted(system.params)}")
+        dist = dict(dist)
+        if set(dist) != {"low", "high"} or not float(dist["low"]) <= float(dist["high"]):
+            raise ConfigError(f"simulate.per_experiment.{name} must be {{low, high}} with "
+                              f"low <= high, got {dist}")
+        values = rng.uniform(float(dist["low"]), float(dist["high"]), n_experiments)
+        if getattr(sim, "center_per_experiment", True):
+            values = values - values.mean()
+        for value in values:
+            try:
+                spec.check(name, float(value))
+            except ParameterError as err:
+                raise ConfigError(f"simulate.per_experiment: {err}") from None
+        out[name] = [float(v) for v in values]
+    return out
+
+
+def synthetic_arrays(cfg: Any, system: System) -> dict[str, np.ndarray]:
+    """Array truths of ``simulate.arrays`` (name -> options of system.synthetic_param)."""
+    out = {}
+    for name, options in dict(getattr(cfg.simulate, "arrays", None) or {}).items():
+        spec = system.params.get(name)
+        if spec is None or not spec.shape or not hasattr(system, "synthetic_param"):
+            raise ConfigError(f"simulate.arrays: {system.name} has no array parameter {name!r} "
+                              "with a synthetic generator")
+        try:
+            value = np.asarray(system.synthetic_param(name, **dict(options or {})))
+        except (TypeError, ValueError) as err:
+            raise ConfigError(f"simulate.arrays.{name}: {err}") from None
+        if value.shape != spec.shape:
+            raise ConfigError(f"simulate.arrays.{name}: generated shape {value.shape}, the "
+                              f"parameter has {spec.shape}")
+        out[name] = value
+    return out
+
+
+def experiment_params(meta: zd.DatasetMeta, params: dict[str, Any], experiment: int,
+                      ) -> dict[str, Any]:
+    """The true parameters of one experiment: the shared ones with its per-experiment values."""
+    own = {k: v[experiment] for k, v in (meta.true_per_experiment or {}).items()}
+    return {**params, **own}
 
 
 def data_system_config(cfg: Any) -> SystemConfig:
@@ -153,12 +219,25 @@ def dataset_meta(cfg: Any) -> tuple[zd.DatasetMeta, System, Grid, dict[str, floa
         zd.check_noise(noise)
     except zd.DatasetError as err:
         raise ConfigError(f"simulate.noise: {err}") from None
+    fields = tuple(system.fields if getattr(sim, "fields", None) is None else sim.fields)
+    known = observable_fields(system, grid)
+    unknown = [f for f in fields if f not in known]
+    if unknown or not fields:
+        raise ConfigError(f"simulate.fields: unknown {unknown} for {system.name}; it can write "
+                          f"{list(known)}")
+    params.update(synthetic_arrays(cfg, system))
+    per_experiment = draw_per_experiment(cfg, system, int(sim.n_experiments))
+    scalars = {k: v for k, v in params.items()
+               if not system.params[k].shape and k not in per_experiment}
     meta = zd.DatasetMeta(
-        system=system.name, fields=tuple(system.fields), grid_shape=grid.shape,
+        system=system.name, fields=fields, grid_shape=grid.shape,
         grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(sys_cfg.dt),
         steps_per_frame=int(sim.steps_per_frame), t0=0.0, n_frames=int(sim.n_frames),
-        n_experiments=int(sim.n_experiments), true_params=params, noise=noise,
-        provenance=zd.make_provenance(_plain(cfg)))
+        n_experiments=int(sim.n_experiments), true_params=scalars, noise=noise,
+        provenance=zd.make_provenance(_plain(cfg)),
+        true_per_experiment=per_experiment or None,
+        true_arrays={k: list(system.params[k].shape) for k in params
+                     if system.params[k].shape})
     return meta, system, grid, params
 
 
@@ -167,8 +246,12 @@ def write_experiment(cfg: Any, path: Path, meta: zd.DatasetMeta, system: System,
     """Simulate one experiment and write its whole shards (the caller owns them). Noise is
     seeded by (experiment, frame), so the data do not depend on who writes which shard."""
     sim, sys_cfg = cfg.simulate, data_system_config(cfg)
-    frames = simulate_frames(system, grid, params, sys_cfg.dt, sys_cfg.integrator,
-                             sim.n_frames, sim.steps_per_frame, sim.seed + experiment, dtype)
+    if experiment == 0:  # one writer for the array truths (single-chunk arrays)
+        for name in meta.true_arrays:
+            zd.write_true_array(path, name, np.asarray(params[name]))
+    frames = simulate_frames(system, grid, experiment_params(meta, params, experiment),
+                             sys_cfg.dt, sys_cfg.integrator, sim.n_frames,
+                             sim.steps_per_frame, sim.seed + experiment, dtype, meta.fields)
     for name, values in frames.items():
         if not np.all(np.isfinite(values)):
             raise ConfigError(f"simulation of {name!r} blew up (non-finite values); "
@@ -194,7 +277,7 @@ def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
     for experiment in range(rank, meta.n_experiments, n_processes):
         write_experiment(cfg, path, meta, system, grid, params, experiment, dtype)
         log(f"simulated experiment {experiment}: {meta.n_frames} frames of "
-            f"{list(system.fields)} on {grid.shape}")
+            f"{list(meta.fields)} on {grid.shape}")
     _barrier("pdefit-dataset-written")
     return path
 
@@ -268,10 +351,11 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     check_dynamics(system, params, grid, cfg.system)
     ds = zd.open_dataset(dataset_path)
     obs_cfg = cfg.observe
-    unknown = [f for f in obs_cfg.fields if f not in system.fields]
+    derived = observable_names(system, grid)
+    unknown = [f for f in obs_cfg.fields if f not in system.fields and f not in derived]
     if unknown:
         raise ConfigError(f"observe.fields: unknown field(s) {unknown} for {system.name}; it "
-                          f"has {list(system.fields)}")
+                          f"has fields {list(system.fields)} and observables {list(derived)}")
     if obs_cfg.loss not in LOSSES:
         raise ConfigError(f"observe.loss: unknown {obs_cfg.loss!r}; choose one of {LOSSES}")
     if obs_cfg.nan not in ("error", "mask"):
@@ -336,11 +420,16 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
             _check_finite(ds, name, v, m)
         values[name], masks[name] = v, m
     observation = Observation(tuple(obs_cfg.fields), stride, obs_cfg.loss,
-                              tuple(sorted(dict(obs_cfg.field_weights).items())))
+                              tuple(sorted(dict(obs_cfg.field_weights).items())),
+                              system.observables if derived else None)
     observed = observed_data(observation, values, masks, frame_steps, n_steps, dtype)
     initial = {f: _first_frame(dataset_array(ds, f, experiments, frames[:1], 1, frames_placement,
                                              dtype=np.dtype(dtype), reads=reads))
                for f in system.fields if f in data_fields and f not in fitted_fields}
+    from_observed = _state_from_first_frames(system, grid, ds, data_fields, experiments,
+                                             frames, frames_placement, dtype, reads)
+    initial.update({f: v for f, v in from_observed.items()
+                    if f not in initial and f not in fitted_fields})
     missing = [f for f in system.fields if f not in fitted_fields and f not in initial]
     if missing:
         raise ConfigError(f"initial field(s) {missing} are not in the dataset: fit them "
@@ -354,36 +443,52 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     # Another system's true parameters are no reference for this one's.
     reference = dict(meta.true_params) if meta.true_params and not surrogate else None
     fitted = list(cfg.fit.params)
+    per_experiment = list(getattr(cfg.fit, "per_experiment", None) or [])
     start_values = dict(params)
-    if cfg.fit.perturb is not None and fitted:
+    # Perturbed starts are for shared scalars; arrays and per-experiment values start from
+    # their defaults (zero force, no rotation) unless fit.start says otherwise.
+    perturbed = [n for n in fitted if n in system.params and not system.params[n].shape
+                 and n not in per_experiment]
+    if cfg.fit.perturb is not None and perturbed:
         rng = np.random.default_rng(cfg.fit.perturb.seed)
-        factors = rng.uniform(cfg.fit.perturb.low, cfg.fit.perturb.high, len(fitted))
+        factors = rng.uniform(cfg.fit.perturb.low, cfg.fit.perturb.high, len(perturbed))
         base = reference or params
-        for name, factor in zip(fitted, factors, strict=True):
+        for name, factor in zip(perturbed, factors, strict=True):
             if name in base:
                 start_values[name] = float(base[name]) * float(factor)
+    for name in fitted:
+        spec = system.params.get(name)
+        if spec is not None and (spec.shape or name in per_experiment):
+            start_values[name] = spec.full(spec.default)
     for name, value in dict(cfg.fit.start).items():
-        start_values[name] = float(value)
+        start_values[name] = value
     unknown = sorted((set(cfg.fit.start) | set(fitted)) - set(system.params))
     if unknown:
         raise ConfigError(f"fit: unknown parameter(s) {unknown} for {system.name}; it has "
                           f"{sorted(system.params)}")
+    unknown = sorted(set(per_experiment) - set(fitted))
+    if unknown:
+        raise ConfigError(f"fit.per_experiment: {unknown} are not fitted parameters (fit.params "
+                          f"is {fitted}); a per-experiment parameter must also be fitted")
     try:
         layout = ParameterLayout.build(system.params, start_values, fitted,
-                                       dict(cfg.fit.transforms), system.name)
-        z0 = layout.unconstrained(start_values)
+                                       dict(cfg.fit.transforms), system.name, per_experiment)
+        z0 = layout.unconstrained(start_values, len(experiments))
     except ParameterError as err:
         raise ConfigError(f"fit: {err}") from None
     z0 = {k: jnp.asarray(v, dtype) for k, v in z0.items()}
     fields0 = {}
     for name in fitted_fields:
-        # Start a fitted field from its first observed frame when there is one, else zero.
+        # Start a fitted field from its first observed frame when there is one, else from
+        # what the system derives from the observed first frame, else zero.
         guess = None
         if name in data_fields:
             guess = _first_frame(dataset_array(ds, name, experiments, frames[:1], 1,
                                                frames_placement, dtype=np.dtype(dtype),
                                                reads=reads))
             guess = jnp.where(jnp.isfinite(guess), guess, 0.0)
+        elif name in from_observed:
+            guess = from_observed[name]
         if guess is None:
             guess = jnp.zeros((len(experiments), *grid.shape), dtype)
         fields0[name] = guess
@@ -391,7 +496,9 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     if domain is not None:
         # Global arrays on the mesh: every argument of the jitted update must live there
         # (with several processes, a value on one local device is not a valid argument).
-        theta0 = {"params": jax.device_put(z0, domain.sharding(REPLICATED)),
+        shared, own = layout.split(z0)
+        theta0 = {"params": {**jax.device_put(shared, domain.sharding(REPLICATED)),
+                             **jax.device_put(own, domain.sharding(PER_EXPERIMENT))},
                   "fields": jax.device_put(fields0, domain.sharding(FIELD))}
 
     state_bytes = sum(np.prod(grid.shape) * jnp.dtype(dtype).itemsize for _ in system.fields)
@@ -400,10 +507,47 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
         system=system, grid=grid, dt=float(cfg.system.dt), integrator=cfg.system.integrator,
         n_steps=n_steps, layout=layout, observation=observation, schedule=schedule,
         fitted_fields=fitted_fields, t0=float(meta.times[frames[0]]) / time_scale,
-        regularization=Regularization(cfg.regularization.params, cfg.regularization.fields),
-        domain=domain)
+        regularization=make_regularization(cfg, layout), domain=domain)
     if n_steps == 0:
         raise ConfigError("the training window has no time steps: use at least two frames")
     batch = Batch(observed, initial)
-    return FitSetup(problem, batch, theta0, {n: start_values[n] for n in fitted}, reference,
-                    reads)
+    # The table of start/recovered values shows numbers: shared scalars only.
+    return FitSetup(problem, batch, theta0, {n: float(start_values[n]) for n in layout.scalars},
+                    reference, reads)
+
+
+def make_regularization(cfg: FitConfig, layout: ParameterLayout) -> Regularization:
+    """The penalties of ``cfg.regularization``, their parameter names checked."""
+    reg = cfg.regularization
+    param_l2 = dict(getattr(reg, "param_l2", None) or {})
+    smooth = dict(getattr(reg, "smoothness", None) or {})
+    for key, names in (("param_l2", param_l2), ("smoothness", smooth)):
+        unknown = sorted(set(names) - set(layout.fitted))
+        if unknown:
+            raise ConfigError(f"regularization.{key}: {unknown} are not fitted parameters "
+                              f"(fitted: {list(layout.fitted)})")
+    scalar = sorted(n for n in smooth if not layout.specs[n].shape)
+    if scalar:
+        raise ConfigError(f"regularization.smoothness: {scalar} are scalars; smoothness applies "
+                          "to array parameters")
+    return Regularization(float(reg.params), float(reg.fields),
+                          tuple(sorted((k, float(v)) for k, v in param_l2.items())),
+                          tuple(sorted((k, float(v)) for k, v in smooth.items())))
+
+
+def _state_from_first_frames(system: System, grid: Grid, ds: zd.Dataset, data_fields: Any,
+                             experiments, frames, placement, dtype, reads) -> dict[str, Any]:
+    """State fields the system derives from the observed first frames (e.g. a vorticity from
+    a velocity), for fields the dataset does not hold; empty if it cannot."""
+    derive = getattr(system, "state_from_observables", None)
+    names = observable_names(system, grid)
+    if derive is None or not names or any(n not in data_fields for n in names):
+        return {}
+    if all(f in data_fields for f in system.fields):
+        return {}
+    first = {n: _first_frame(dataset_array(ds, n, experiments, frames[:1], 1, placement,
+                                           dtype=np.dtype(dtype), reads=reads)) for n in names}
+    if not all(host_scalar(_all_finite(v)) for v in first.values()):
+        return {}
+    derived = jax.jit(derive)(first)
+    return {f: jnp.asarray(v, dtype) for f, v in derived.items() if f not in data_fields}

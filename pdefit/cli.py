@@ -132,7 +132,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     problem = setup.problem
     save_fitted(out / FITTED_FILE, theta)  # for pdefit-evaluate
     recovered = {k: float(v) for k, v in _describe(problem, theta).items()}
-    rows = parameter_table(problem.layout.fitted, first.start_values, recovered,
+    rows = parameter_table(problem.layout.scalars, first.start_values, recovered,
                            setup.reference)
     summary = {
         "system": problem.system.name, "grid": list(problem.grid.shape),
@@ -144,6 +144,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         "restarts": history.restarts,
         "parameters": rows, **error_summary(rows),
     }
+    summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     if lead:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(format_table(rows))
@@ -160,7 +161,27 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
 
 
 def _describe(problem, theta) -> dict[str, Any]:
-    return {n: problem.layout.physical(theta["params"])[n] for n in problem.layout.fitted}
+    """Physical values of the fitted shared scalars (arrays and per-experiment values are
+    reported by _system_evaluation)."""
+    physical = problem.layout.physical(theta["params"])
+    return {n: physical[n] for n in problem.layout.scalars}
+
+
+def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,
+                       lead: bool) -> dict[str, Any]:
+    """System-specific evaluation against the dataset's truths (the sphere force fit:
+    pdefit.sphere_eval), printed and returned for summary.json; empty for other systems."""
+    problem = setup.problem
+    if problem.system.name != "sphere_ns" or not (
+            "force" in problem.layout.fitted or problem.layout.per_experiment):
+        return {}
+    from .sphere_eval import evaluate_force_fit, format_report
+
+    result = evaluate_force_fit(problem, theta, dataset, cfg.data.experiments, out,
+                                plots=bool(cfg.run.plots and lead))
+    if result:
+        print(format_report(result))
+    return {"sphere_force": result} if result else {}
 
 
 def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any):

@@ -6,6 +6,12 @@ observation times ``t``, one float32 array per field with shape
 ``(n_experiments, n_frames, ny, nx)`` and, optionally, a boolean ``mask_<field>`` array
 (True = observed) of the same shape and layout.
 
+Truths beyond scalars (synthetic data): ``true_per_experiment`` (attributes) holds, per
+parameter that differs between experiments, its value in every experiment; each name in
+``true_arrays`` (attributes: name -> shape) has a float64 array ``true_<name>`` holding an
+array-valued true parameter (e.g. a force field on space–time nodes), written once by
+:func:`write_true_array` and read by :meth:`Dataset.read_true_array`.
+
 Layout.  Field arrays are chunked per frame tile ``(1, 1, tile_y, tile_x)`` so a reader can
 fetch single frames cheaply, and sharded along time ``(1, frames_per_shard, ny, nx)`` so a
 long run does not explode into one file per frame.  A shard is zarr's unit of writing: zarr
@@ -59,6 +65,7 @@ __all__ = [
     "validate_dataset",
     "write_block",
     "write_dataset",
+    "write_true_array",
 ]
 
 FORMAT = "pdefit-dataset"
@@ -66,6 +73,7 @@ FORMAT_VERSION = 1
 
 TIME_ARRAY = "t"
 MASK_PREFIX = "mask_"
+TRUE_PREFIX = "true_"
 FIELD_DIMS = ("experiment", "time", "y", "x")
 DEFAULT_FRAMES_PER_SHARD = 16
 
@@ -114,6 +122,10 @@ class DatasetMeta:
     true_params: dict[str, float] | None = field(default=None, hash=False)
     noise: dict[str, Any] = field(default_factory=lambda: {"kind": "none"}, hash=False)
     provenance: dict[str, Any] = field(default_factory=dict, hash=False)
+    # name -> per-experiment true values (n_experiments of them)
+    true_per_experiment: dict[str, list[float]] | None = field(default=None, hash=False)
+    # name -> shape of an array-valued true parameter, stored as array true_<name>
+    true_arrays: dict[str, list[int]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         problems = _meta_problems(self)
@@ -142,7 +154,7 @@ def _meta_problems(meta: DatasetMeta) -> list[str]:
         for name in meta.fields:
             if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name):
                 problems.append(f"field name {name!r} must match {_FIELD_NAME.pattern}")
-            elif name == TIME_ARRAY or name.startswith(MASK_PREFIX):
+            elif name == TIME_ARRAY or name.startswith((MASK_PREFIX, TRUE_PREFIX)):
                 problems.append(f"field name {name!r} clashes with the reserved array names")
         if len(set(meta.fields)) != len(meta.fields):
             problems.append(f"field names must be unique, got {meta.fields!r}")
@@ -175,6 +187,21 @@ def _meta_problems(meta: DatasetMeta) -> list[str]:
         problems.append(
             f"true_params must be a dict str -> float or None, got {meta.true_params!r}"
         )
+    if meta.true_per_experiment is not None and not (
+        isinstance(meta.true_per_experiment, dict)
+        and all(isinstance(k, str) and isinstance(v, list | tuple)
+                and len(v) == meta.n_experiments and all(_is_real(x) for x in v)
+                for k, v in meta.true_per_experiment.items())
+    ):
+        problems.append(
+            "true_per_experiment must be a dict str -> list of n_experiments floats or None, "
+            f"got {meta.true_per_experiment!r}"
+        )
+    if not (isinstance(meta.true_arrays, dict) and all(
+            isinstance(k, str) and _FIELD_NAME.fullmatch(k) and isinstance(v, list | tuple)
+            and all(_is_int(n) and n >= 1 for n in v) for k, v in meta.true_arrays.items())):
+        problems.append(f"true_arrays must be a dict name -> shape (positive ints), got "
+                        f"{meta.true_arrays!r}")
     try:
         check_noise(meta.noise)
     except DatasetError as exc:
@@ -241,6 +268,12 @@ def _meta_to_attrs(meta: DatasetMeta) -> dict[str, Any]:
         "provenance": dict(meta.provenance),
         "n_experiments": int(meta.n_experiments),
     }
+    # Only when present, so datasets without them keep exactly their former attributes.
+    if meta.true_per_experiment is not None:
+        attrs["true_per_experiment"] = {k: [float(x) for x in v]
+                                        for k, v in meta.true_per_experiment.items()}
+    if meta.true_arrays:
+        attrs["true_arrays"] = {k: [int(n) for n in v] for k, v in meta.true_arrays.items()}
     try:
         # Fail with a clear message instead of deep inside zarr's JSON encoder.
         return json.loads(json.dumps(attrs))
@@ -266,6 +299,8 @@ def _meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str) -> Dat
             true_params=attrs.get("true_params"),
             noise=attrs.get("noise", {"kind": "none"}),
             provenance=attrs.get("provenance", {}),
+            true_per_experiment=attrs.get("true_per_experiment"),
+            true_arrays=attrs.get("true_arrays", {}),
         )
     except KeyError as exc:
         raise DatasetError(f"{where}: attribute {exc.args[0]!r} is missing") from exc
@@ -427,6 +462,10 @@ def create_dataset(
             fill_value=False,
             attributes={"coordinates": TIME_ARRAY},
         )
+    for name, array_shape in meta.true_arrays.items():
+        # One chunk: written once, by one writer (write_true_array), read whole.
+        group.create_array(TRUE_PREFIX + name, shape=tuple(array_shape), dtype="float64",
+                           chunks=tuple(array_shape), fill_value=np.nan)
     # Last, so the "format" marker only appears once the dataset is complete.
     group.attrs.update(attrs)
 
@@ -517,6 +556,20 @@ def write_block(
             )
         ds.group[MASK_PREFIX + field][region] = mask
     array[region] = values.astype(np.float32, copy=False)
+
+
+def write_true_array(path: PathLike, name: str, values: np.ndarray) -> None:
+    """Write the array-valued true parameter ``name`` (declared in ``meta.true_arrays``).
+    One writer only: the array is a single chunk."""
+    ds = _open_dataset(path, mode="r+")
+    where = f"dataset {ds.path} true array {name!r}"
+    if name not in ds.meta.true_arrays:
+        raise DatasetError(f"{where} is not declared; it declares {sorted(ds.meta.true_arrays)}")
+    shape = tuple(ds.meta.true_arrays[name])
+    values = np.asarray(values, np.float64)
+    if values.shape != shape:
+        raise DatasetError(f"{where}: expected shape {shape}, got {values.shape}")
+    ds.group[TRUE_PREFIX + name][...] = values
 
 
 def write_dataset(
@@ -622,6 +675,13 @@ class Dataset:
             return None
         return self._read_array(MASK_PREFIX + field, field, experiments, frames, stride, region)
 
+    def read_true_array(self, name: str) -> np.ndarray:
+        """The array-valued true parameter ``name`` (NaN where never written)."""
+        if name not in self.meta.true_arrays:
+            raise DatasetError(f"dataset {self.path} has no true array {name!r}; it has "
+                               f"{sorted(self.meta.true_arrays)}")
+        return np.asarray(self.group[TRUE_PREFIX + name][...])
+
     def _read_array(
         self,
         name: str,
@@ -723,6 +783,11 @@ def _open_dataset(path: PathLike, mode: Literal["r", "r+"]) -> Dataset:
             )
         if not np.issubdtype(array.dtype, np.floating):
             raise DatasetError(f"{where} field {name!r}: dtype {array.dtype} is not floating")
+    for name, array_shape in meta.true_arrays.items():
+        array = _get_array(group, TRUE_PREFIX + name, where)
+        if array.shape != tuple(array_shape):
+            raise DatasetError(f"{where} true array {name!r}: shape {array.shape} disagrees "
+                               f"with the attributes {tuple(array_shape)}")
     masked = set()
     for name in meta.fields:
         if MASK_PREFIX + name not in group:

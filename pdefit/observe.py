@@ -1,15 +1,17 @@
 """Observation operators and misfit losses.
 
-An :class:`Observation` says which fields are observed, at which spatial stride, and how the
-misfit is normalised. :func:`observed_data` turns dataset arrays into the device-side
-:class:`ObservedData` the loss reads inside the time loop: observed frames are addressed by a
-step → slot table, so frames need not be equally spaced and the predicted trajectory is never
-stored. Missing values are carried by weights (0 where not observed), never by NaN.
+An :class:`Observation` says which fields are observed (state fields, or quantities derived
+from the state by the system's ``observables(state)``, e.g. a velocity from a vorticity), at
+which spatial stride, and how the misfit is normalised. :func:`observed_data` turns dataset
+arrays into the device-side :class:`ObservedData` the loss reads inside the time loop:
+observed frames are addressed by a step → slot table, so frames need not be equally spaced
+and the predicted trajectory is never stored. Missing values are carried by weights (0 where
+not observed), never by NaN.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
@@ -38,13 +40,15 @@ class Observation:
 
     ``loss="mse"`` averages squared errors over observed points (summed over fields, each with
     its own mean); ``"relative_mse"`` divides each field's squared error by the mean square of
-    its observations, so fields of different magnitude weigh alike.
+    its observations, so fields of different magnitude weigh alike. ``derive`` (the system's
+    ``observables``) computes the observed names that are not state fields.
     """
 
     fields: tuple[str, ...]
     stride: int = 1
     loss: str = "mse"
     field_weights: tuple[tuple[str, float], ...] = ()
+    derive: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -57,6 +61,8 @@ class Observation:
     def project(self, state: Mapping[str, jnp.ndarray]) -> dict[str, jnp.ndarray]:
         """The observed part of a model state."""
         s = self.stride
+        if self.derive is not None and any(f not in state for f in self.fields):
+            state = {**state, **self.derive(state)}
         return {f: state[f][..., ::s, ::s] for f in self.fields}
 
     def misfit(self, state: Mapping[str, jnp.ndarray], data: ObservedData, slot: Any,
@@ -85,6 +91,18 @@ class Observation:
             lambda: self.misfit(state, data, jnp.maximum(slot, 0)),
             lambda: zero_like_state(state),
         )
+
+
+def observable_names(system: Any, grid: Any) -> tuple[str, ...]:
+    """Names ``system.observables(state)`` returns (none without that method): the system's
+    ``observable_names`` if it declares them, else found by tracing shapes only."""
+    declared = getattr(system, "observable_names", None)
+    if declared is not None:
+        return tuple(declared)
+    if not hasattr(system, "observables"):
+        return ()
+    state = {f: jax.ShapeDtypeStruct(tuple(grid.shape), jnp.float32) for f in system.fields}
+    return tuple(jax.eval_shape(system.observables, state))
 
 
 def zero_like_state(state) -> jnp.ndarray:

@@ -1,8 +1,10 @@
 """A fit problem: system + grid + time stepping + parameters + observations + schedule
 → ``loss(theta, batch)`` and its exact gradient.
 
-``theta`` is the optimiser's pytree: ``{"params": {name: unconstrained scalar},
-"fields": {name: (n_exp, ny, nx) initial field}}``. ``batch`` carries everything read from the
+``theta`` is the optimiser's pytree: ``{"params": {name: unconstrained value},
+"fields": {name: (n_exp, ny, nx) initial field}}``; a parameter's value is a scalar, an array
+of its spec's shape, or, for a per-experiment parameter, ``(n_exp, *shape)`` (see
+:class:`~pdefit.params.ParameterLayout`). ``batch`` carries everything read from the
 dataset (observed frames and the known parts of the initial state), so jitted functions take
 it as an argument instead of baking it in as constants.
 """
@@ -19,7 +21,7 @@ import jax.numpy as jnp
 from .adjoint import LossChain, Schedule
 from .domain import FIELD, FRAMES, PER_EXPERIMENT, REPLICATED, Domain, TileGrid
 from .grid import Grid
-from .observe import Observation, ObservedData
+from .observe import Observation, ObservedData, observable_names
 from .params import ParameterLayout
 from .system import System, stepper
 
@@ -31,11 +33,17 @@ class Batch(NamedTuple):
 
 @dataclass(frozen=True)
 class Regularization:
-    """L2 penalties: ``params`` on the distance of fitted parameters from their defaults in
-    unconstrained coordinates (a weak prior), ``fields`` on the mean square of fitted fields."""
+    """Penalties. ``params``: weight of the squared distance of every fitted parameter from
+    its default in unconstrained coordinates (a weak prior), averaged over the elements of an
+    array or per-experiment parameter (so a scalar's term is unchanged); ``param_l2``
+    overrides that weight per parameter name. ``fields``: weight of the mean square of fitted
+    fields. ``smoothness``: per array parameter, weight of the mean squared difference of
+    neighbouring nodes, summed over its spec's ``smooth_axes`` (wrapping on periodic ones)."""
 
     params: float = 0.0
     fields: float = 0.0
+    param_l2: tuple[tuple[str, float], ...] = ()
+    smoothness: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -54,11 +62,28 @@ class FitProblem:
     domain: Domain | None = None  # None: one device; else tiles and experiments over a mesh
 
     def __post_init__(self) -> None:
-        unknown = [f for f in (*self.fitted_fields, *self.observation.fields)
-                   if f not in self.system.fields]
+        unknown = [f for f in self.fitted_fields if f not in self.system.fields]
+        derived = observable_names(self.system, self.grid)
+        unknown += [f for f in self.observation.fields
+                    if f not in self.system.fields and f not in derived]
         if unknown:
             raise ValueError(f"unknown field(s) {unknown} for {self.system.name}; it has "
-                             f"{list(self.system.fields)}")
+                             f"{list(self.system.fields)} and observables {list(derived)}")
+        if any(f not in self.system.fields for f in self.observation.fields) and (
+                self.observation.derive is None):
+            raise ValueError("observing derived quantities needs Observation(derive="
+                             "system.observables)")
+        reg_names = [n for n, _ in (*self.regularization.param_l2,
+                                    *self.regularization.smoothness)]
+        unknown = [n for n in reg_names if n not in self.layout.fitted]
+        if unknown:
+            raise ValueError(f"regularization of parameter(s) {unknown} that are not fitted "
+                             f"(fitted: {list(self.layout.fitted)})")
+        scalar = [n for n, _ in self.regularization.smoothness
+                  if not self.layout.specs[n].shape]
+        if scalar:
+            raise ValueError(f"smoothness penalty on scalar parameter(s) {scalar}: it applies "
+                             "to array parameters only")
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -90,42 +115,54 @@ class FitProblem:
     # -- the loss -------------------------------------------------------------------------------
 
     def data_loss(self, theta: Mapping[str, Any], batch: Batch) -> jnp.ndarray:
-        """Mean over experiments of the observation misfit. On a mesh, every device runs the
-        whole rollout (and its adjoint) on its own tile and experiments; the partial misfits
-        are summed across devices."""
-        params = self.physical_params(theta)
+        """Mean over experiments of the observation misfit. Per-experiment parameters are
+        mapped over together with each experiment's initial state and data. On a mesh, every
+        device runs the whole rollout (and its adjoint) on its own tile and experiments; the
+        partial misfits are summed across devices."""
+        params, per_experiment = self.layout.split(self.physical_params(theta))
         x0 = self.initial_state(theta, batch)
         obs = batch.observed
         n_experiments = jax.tree.leaves(x0)[0].shape[0]
 
-        def local_sum(x0, values, weights, scale, slot_of_step, params):
+        def local_sum(x0, values, weights, scale, per_experiment, slot_of_step, params):
             grid = self.grid if self.domain is None else self.domain.tile_grid(self.grid)
             chain = self.chain(grid)
 
-            def one(x0_e, values_e, weights_e, scale_e):
+            def one(x0_e, values_e, weights_e, scale_e, own):
                 data = ObservedData(values_e, weights_e, scale_e, slot_of_step)
-                return self.schedule.loss(chain, x0_e, params, data, self.n_steps)
+                return self.schedule.loss(chain, x0_e, {**params, **own}, data, self.n_steps)
 
-            return jnp.sum(jax.vmap(one)(x0, values, weights, scale))
+            return jnp.sum(jax.vmap(one)(x0, values, weights, scale, per_experiment))
 
-        args = (x0, obs.values, obs.weights, obs.scale, obs.slot_of_step, params)
+        args = (x0, obs.values, obs.weights, obs.scale, per_experiment, obs.slot_of_step,
+                params)
         if self.domain is None:
             total = local_sum(*args)
         else:
             specs = tuple(jax.tree.map(lambda _, s=spec: s, arg) for arg, spec in zip(
-                args, (FIELD, FRAMES, FRAMES, PER_EXPERIMENT, REPLICATED, REPLICATED),
-                strict=True))
+                args, (FIELD, FRAMES, FRAMES, PER_EXPERIMENT, PER_EXPERIMENT, REPLICATED,
+                       REPLICATED), strict=True))
             total = self.domain.sum_over_tiles(local_sum, args, specs)
         return total / n_experiments
 
     def penalty(self, theta: Mapping[str, Any]) -> jnp.ndarray:
         reg = self.regularization
         total = jnp.zeros(())
-        if reg.params:
-            for name, z in theta["params"].items():
+        l2 = dict(reg.param_l2)
+        for name, z in theta["params"].items():
+            weight = l2.get(name, reg.params)
+            if weight:
                 spec = self.layout.specs[name]
                 z_default = spec.to_unconstrained(spec.default)
-                total = total + reg.params * (z - z_default) ** 2
+                total = total + weight * jnp.mean((z - z_default) ** 2)
+        for name, weight in reg.smoothness:
+            spec = self.layout.specs[name]
+            z = theta["params"][name]
+            # A per-experiment array has a leading experiment axis before the spec's axes.
+            offset = z.ndim - len(spec.shape)
+            axes = spec.smooth_axes or tuple(range(len(spec.shape)))
+            total = total + weight * smoothness(z, [offset + a for a in axes],
+                                                [offset + a for a in spec.periodic_axes])
         if reg.fields:
             for field in theta.get("fields", {}).values():
                 total = total + reg.fields * jnp.mean(field**2)
@@ -136,3 +173,15 @@ class FitProblem:
 
     def value_and_grad(self, theta: Mapping[str, Any], batch: Batch):
         return jax.value_and_grad(self.loss)(theta, batch)
+
+
+def smoothness(z: jnp.ndarray, axes: Any, periodic: Any = ()) -> jnp.ndarray:
+    """Σ over ``axes`` of the mean squared difference of neighbours along that axis (including
+    the wrap-around pair on ``periodic`` axes); axes of length one contribute nothing."""
+    total = jnp.zeros((), z.dtype)
+    for axis in axes:
+        if z.shape[axis] < 2:
+            continue
+        diff = jnp.roll(z, -1, axis) - z if axis in periodic else jnp.diff(z, axis=axis)
+        total = total + jnp.mean(diff**2)
+    return total

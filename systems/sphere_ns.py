@@ -23,7 +23,13 @@ Conventions:
   components (F_θ, F_φ) at space–time nodes; see :func:`force_on_grid`. Optional scalars
   ``params["force_azimuth"]`` (rotates the force pattern eastwards by that angle) and
   ``params["force_time_shift"]`` (the force is read at t + shift) carry per-experiment
-  alignment. Without ``"force"`` there is no forcing.
+  alignment. Without ``"force"`` there is no forcing. With the option ``force_nodes`` =
+  (n_times, n_theta, n_phi) the system declares ``force`` (an array parameter of that node
+  grid, default zero), ``force_azimuth`` and ``force_time_shift`` in its ``params``, so they
+  can be fitted (the alignment typically per experiment); :func:`true_force` makes a smooth
+  random divergence-free force for synthetic truths.
+- Only the rotational part of a force acts on an incompressible flow (the gradient part is
+  balanced by pressure), so only that part can be recovered from the flow.
 """
 
 from __future__ import annotations
@@ -37,9 +43,21 @@ import numpy as np
 
 from pdefit.grid import PERIODIC, Grid
 from pdefit.params import ParamSpec
-from pdefit.spherical import SphericalTransform, gaussian_grid, quadratic_truncation
+from pdefit.spherical import (
+    SphericalTransform,
+    epsilon,
+    gaussian_grid,
+    legendre_table,
+    quadratic_truncation,
+)
 
 FORCE_COMPONENTS = 2  # (F_θ, F_φ)
+OBSERVABLES = ("u_theta", "u_phi")
+BASE_PARAMS = {
+    "nu": ParamSpec(1e-3, "log", unit="R²/time", doc="kinematic viscosity"),
+    "Omega": ParamSpec(0.0, "identity", unit="1/time",
+                       doc="angular velocity of the frame (Coriolis f = 2Ω cos θ)"),
+}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,6 +158,47 @@ def force_on_grid(nodes: Any, t: Any, t_nodes: Any, grid: Grid, azimuth: Any = 0
     return out[0], out[1]
 
 
+def true_force(n_times: int, n_theta: int, n_phi: int, seed: int = 0, amplitude: float = 1.0,
+               lmin: int = 2, lmax: int = 3, time_modes: int = 3) -> np.ndarray:
+    """A smooth random force on the nodes of :func:`force_node_coordinates`, shape
+    (n_times, 2, n_theta, n_phi), RMS ``amplitude``: F = r̂ × ∇χ for a stream function χ of
+    degrees lmin ≤ l ≤ lmax (divergence-free, so all of it acts on the flow; lmin ≥ 2 leaves
+    out the rigid-rotation part l = 1, which viscosity never damps) whose coefficients vary
+    in time as Legendre polynomials of degree < ``time_modes`` over the node times (so a
+    time shift is visible). Seeded and pure numpy."""
+    rng = np.random.default_rng(seed)
+    theta, phi = force_node_coordinates(n_theta, n_phi)
+    # Nodes sit on the poles, where ∂φχ/sin θ has a finite limit; a tiny offset evaluates it.
+    theta = np.clip(theta, 1e-6, np.pi - 1e-6)
+    mu, sin = np.cos(theta), np.sin(theta)
+    full = legendre_table(lmax + 1, mu)  # [m, l, i], one degree more for the derivative
+    legendre = full[: lmax + 1, : lmax + 1]
+    l_idx = np.arange(lmax + 1)[None, :, None]
+    m_idx = np.arange(lmax + 1)[:, None, None]
+    lower = np.concatenate([np.zeros_like(legendre[:, :1]), legendre[:, :-1]], axis=1)
+    # (1 − μ²) dP̄/dμ = −l ε_{l+1} P̄_{l+1} + (l + 1) ε_l P̄_{l−1}, and ∂θ = −(1 − μ²)∂μ / sin θ
+    dmu = (-l_idx * epsilon(l_idx + 1, m_idx) * full[: lmax + 1, 1: lmax + 2]
+           + (l_idx + 1) * epsilon(l_idx, m_idx) * lower)
+    dtheta = np.where(l_idx >= m_idx, -dmu / sin, 0.0)
+    s = np.linspace(-1.0, 1.0, n_times)
+    time_basis = np.stack([np.polynomial.legendre.Legendre.basis(k)(s)
+                           for k in range(time_modes)])  # (K, T)
+    keep = (l_idx >= m_idx) & (l_idx >= lmin)
+    shape = (time_modes, lmax + 1, lmax + 1)
+    coeffs = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)) * keep[..., 0]
+    coeffs = coeffs / (1.0 + np.arange(time_modes))[:, None, None]  # slower modes dominate
+    c_t = np.einsum("kt,kml->tml", time_basis, coeffs)
+    wave = np.exp(1j * np.arange(lmax + 1)[:, None] * phi[None, :])  # (m, φ)
+    m = np.arange(lmax + 1)[:, None, None]
+    # χ = Re Σ c_lm P̄ e^{imφ}; F_θ = −∂φχ/sin θ, F_φ = ∂θχ
+    f_theta = -np.real(np.einsum("tml,mli,mj->tij", c_t * 1j * m[None, :, :, 0], legendre,
+                                 wave)) / sin[None, :, None]
+    f_phi = np.real(np.einsum("tml,mli,mj->tij", c_t, dtheta, wave))
+    force = np.stack([f_theta, f_phi], axis=1)
+    rms = np.sqrt(np.mean(force**2))
+    return force * (amplitude / rms if rms > 0 else 0.0)
+
+
 # ---------------------------------------------------------------------------------------------
 # The system.
 
@@ -157,6 +216,9 @@ class SphereNS:
     - ``force_start``, ``force_end``: the times of the first and last force time node (nodes
       are equally spaced in between; one node: a steady force).
     - ``init_lmax`` (≤ L) and ``init_amplitude`` (RMS vorticity) of random initial states.
+    - ``force_nodes``: (n_times, n_theta, n_phi) of a fittable force (declares the parameters
+      ``force``, ``force_azimuth``, ``force_time_shift``); empty: none. ``force_scale`` is the
+      force's unit in the optimiser's coordinates (force = force_scale · z).
     """
 
     radius: float = 1.0
@@ -166,17 +228,39 @@ class SphereNS:
     force_end: float = 1.0
     init_lmax: int = 8
     init_amplitude: float = 1.0
+    force_nodes: tuple[int, ...] = ()
+    force_scale: float = 1.0
 
     name: ClassVar[str] = "sphere_ns"
     fields: ClassVar[tuple[str, ...]] = ("zeta",)
+    observable_names: ClassVar[tuple[str, ...]] = OBSERVABLES
     stencil_radius: ClassVar[int] = 0  # spectral: no halos (runs on one device)
-    params: ClassVar[dict[str, ParamSpec]] = {
-        "nu": ParamSpec(1e-3, "log", unit="R²/time", doc="kinematic viscosity"),
-        "Omega": ParamSpec(0.0, "identity", unit="1/time",
-                           doc="angular velocity of the frame (Coriolis f = 2Ω cos θ)"),
-    }
+
+    @property
+    def params(self) -> dict[str, ParamSpec]:
+        """ν and Ω, and with ``force_nodes`` the force and its alignment."""
+        out = dict(BASE_PARAMS)
+        if self.force_nodes:
+            n_times, n_theta, n_phi = self.force_nodes
+            out["force"] = ParamSpec(
+                0.0, "identity", scale=self.force_scale, unit="R/time²",
+                doc="(F_θ, F_φ) on space–time nodes", shape=(n_times, 2, n_theta, n_phi),
+                smooth_axes=(0, 2, 3), periodic_axes=(3,))
+            out["force_azimuth"] = ParamSpec(
+                0.0, "identity", unit="rad", doc="eastward rotation of the force pattern")
+            out["force_time_shift"] = ParamSpec(
+                0.0, "identity", unit="time", doc="the force is read at t + shift")
+        return out
 
     def __post_init__(self) -> None:
+        # Options arrive as lists from configs; a tuple keeps the system hashable.
+        object.__setattr__(self, "force_nodes", tuple(int(n) for n in self.force_nodes))
+        if self.force_nodes and (len(self.force_nodes) != 3 or min(self.force_nodes) < 1
+                                 or self.force_nodes[1] < 2):
+            raise ValueError(f"force_nodes must be [n_times ≥ 1, n_theta ≥ 2, n_phi ≥ 1], got "
+                             f"{list(self.force_nodes)}")
+        if not self.force_scale > 0:
+            raise ValueError(f"force_scale must be > 0, got {self.force_scale}")
         if not self.radius > 0:
             raise ValueError(f"sphere radius must be > 0, got {self.radius}")
         if self.truncation < 0 or self.init_lmax < 1 or self.init_amplitude < 0:
@@ -241,6 +325,22 @@ class SphereNS:
         """Derived observed quantities: the velocity components."""
         u_theta, u_phi = self.velocity(state["zeta"])
         return {"u_theta": u_theta, "u_phi": u_phi}
+
+    def state_from_observables(self, observed: dict[str, Any]) -> dict[str, jnp.ndarray]:
+        """The vorticity of an observed velocity (..., nlat, nlon): the curl of (u_θ, u_φ),
+        band-limited (a starting guess for a fitted initial state)."""
+        u_theta, u_phi = jnp.asarray(observed["u_theta"]), jnp.asarray(observed["u_phi"])
+        transform = self.transform(u_theta.shape[-2:])
+        return {"zeta": transform.synthesis(transform.curl_analysis(u_theta, u_phi,
+                                                                    self.radius))}
+
+    def synthetic_param(self, name: str, seed: int = 0, **options: Any) -> np.ndarray:
+        """A seeded synthetic truth for the array parameter ``name`` (``force``: see
+        :func:`true_force`, options amplitude, lmin, lmax, time_modes)."""
+        if name != "force" or not self.force_nodes:
+            raise ValueError(f"{self.name} makes synthetic values only for 'force' (with "
+                             f"force_nodes set), not {name!r}")
+        return true_force(*self.force_nodes, seed=seed, **options)
 
     def force_curl(self, params: dict[str, Any], t: Any, grid: Grid,
                    transform: SphericalTransform) -> jnp.ndarray | None:
@@ -329,5 +429,5 @@ class SphereNS:
         zeta = np.asarray(transform.synthesis(jnp.asarray(coeffs)))
         rms = np.sqrt(np.mean(zeta**2))
         zeta = zeta * (self.init_amplitude / rms if rms > 0 else 0.0)
-        dtype = jnp.result_type(*(v for k, v in params.items() if k in self.params))
+        dtype = jnp.result_type(*(v for k, v in params.items() if k in BASE_PARAMS))
         return {"zeta": jnp.asarray(zeta, dtype)}

@@ -1,0 +1,210 @@
+"""Evaluation of a sphere force fit (systems/sphere_ns.py) against a synthetic truth: how well
+the shared force field and the per-experiment alignments (azimuthal rotation, time shift)
+were recovered, and plots of the force.
+
+The force is compared on the simulation grid (both truth and fit interpolated from their
+nodes), over the observed region (points observed in any frame of any experiment; all of
+the sphere without masks) and the node times the data reach, with area weights. Two numbers:
+the correlation of the force vectors themselves, and of their curls, the part of a force an
+incompressible flow responds to (the gradient part is balanced by pressure and is invisible).
+
+Alignments are only determined up to a common offset when the shared force can absorb it
+(rotating every experiment by c and the force by −c changes nothing), so errors are given
+both as they are and after removing their mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import data as zd
+from .parallel import host_array
+
+ALIGNMENT = ("force_azimuth", "force_time_shift")
+
+
+def force_fields(system: Any, grid: Any, nodes: np.ndarray) -> np.ndarray:
+    """(F_θ, F_φ) on the simulation grid at every node time, (n_times, 2, nlat, nlon)."""
+    from systems.sphere_ns import force_on_grid
+
+    times = system.force_times(nodes.shape[0])
+    nodes = jnp.asarray(nodes)
+    fields = jax.vmap(lambda t: jnp.stack(force_on_grid(nodes, t, times, grid)))(
+        jnp.asarray(times, nodes.dtype))
+    return np.asarray(fields)
+
+
+def curls(system: Any, grid: Any, fields: np.ndarray) -> np.ndarray:
+    """r̂·curl F on the grid for fields (..., 2, nlat, nlon)."""
+    transform = system.transform(grid)
+    f = jnp.asarray(fields)
+    return np.asarray(transform.synthesis(transform.curl_analysis(f[..., 0, :, :],
+                                                                  f[..., 1, :, :],
+                                                                  system.radius)))
+
+
+def weighted_correlation(a: np.ndarray, b: np.ndarray, weights: np.ndarray) -> float:
+    """Pearson correlation of a and b with non-negative weights (broadcast to their shape)."""
+    w = np.broadcast_to(weights, a.shape).astype(np.float64)
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    total = w.sum()
+    if total <= 0:
+        return float("nan")
+    da, db = a - (w * a).sum() / total, b - (w * b).sum() / total
+    denominator = np.sqrt((w * da**2).sum() * (w * db**2).sum())
+    return float((w * da * db).sum() / denominator) if denominator > 0 else float("nan")
+
+
+def wrap_angle(x: np.ndarray) -> np.ndarray:
+    """Into (−π, π]."""
+    return np.pi - np.mod(np.pi - x, 2 * np.pi)
+
+
+def alignment_errors(fitted: np.ndarray, truth: np.ndarray, angle: bool) -> dict[str, Any]:
+    """RMS and max |error| as they are and with the common offset removed."""
+    error = np.asarray(fitted, np.float64) - np.asarray(truth, np.float64)
+    if angle:
+        error = wrap_angle(error)
+    offset = float(np.angle(np.mean(np.exp(1j * error)))) if angle else float(np.mean(error))
+    relative = wrap_angle(error - offset) if angle else error - offset
+    return {"rms_error": float(np.sqrt(np.mean(error**2))),
+            "max_error": float(np.max(np.abs(error))), "common_offset": offset,
+            "rms_error_offset_removed": float(np.sqrt(np.mean(relative**2))),
+            "fitted": [float(v) for v in fitted], "true": [float(v) for v in truth]}
+
+
+def observed_region(ds: zd.Dataset, fields: Sequence[str], experiments: Sequence[int],
+                    ) -> np.ndarray:
+    """(nlat, nlon) weights 1 where any observed field is observed in any selected frame."""
+    region = np.zeros(ds.meta.grid_shape, bool)
+    masked = [f for f in fields if ds.has_mask(f)]
+    if not masked:
+        return np.ones(ds.meta.grid_shape)
+    for name in masked:
+        region |= np.any(ds.read_mask(name, list(experiments)), axis=(0, 1))
+    return region.astype(np.float64)
+
+
+def evaluate_force_fit(problem: Any, theta: Mapping[str, Any], dataset: Path,
+                       experiments: Sequence[int] | None = None,
+                       out: Path | None = None, plots: bool = False) -> dict[str, Any]:
+    """Correlations of the recovered force with the dataset's true force, and alignment
+    errors; empty if the dataset has no such truths or nothing of them was fitted."""
+    ds = zd.open_dataset(dataset)
+    meta = ds.meta
+    system, grid, layout = problem.system, problem.grid, problem.layout
+    if experiments is None:
+        experiments = list(range(meta.n_experiments))
+    physical = {k: host_array(v) for k, v in layout.physical(theta["params"]).items()
+                if k in layout.fitted}
+    result: dict[str, Any] = {}
+    truths = meta.true_per_experiment or {}
+    for name in ALIGNMENT:
+        if name in layout.per_experiment and name in truths:
+            true = np.asarray(truths[name])[list(experiments)]
+            result[name] = alignment_errors(physical[name], true, name == "force_azimuth")
+    if "force" in layout.fitted and "force" in meta.true_arrays:
+        true_nodes = ds.read_true_array("force")
+        fitted_nodes = np.asarray(physical["force"], np.float64)
+        true_f = force_fields(system, grid, true_nodes)
+        fit_f = force_fields(system, grid, fitted_nodes)
+        theta_nodes, _ = system.coordinates(grid)
+        area = np.sin(theta_nodes)[:, None] * observed_region(ds, problem.observation.fields,
+                                                              experiments)
+        # Node times the data reach (with the true shifts): outside, the force is unseen.
+        times = system.force_times(true_nodes.shape[0])
+        shifts = np.asarray(truths.get("force_time_shift", [0.0]))
+        t_lo = problem.t0 + shifts.min()
+        t_hi = problem.t0 + problem.n_steps * problem.dt + shifts.max()
+        spacing = (times[1] - times[0]) if len(times) > 1 else np.inf
+        seen = (times >= t_lo - spacing) & (times <= t_hi + spacing)
+        w = area[None, None] * seen[:, None, None, None]
+        result["force"] = {
+            "correlation": weighted_correlation(fit_f, true_f, w),
+            "curl_correlation": weighted_correlation(
+                curls(system, grid, fit_f), curls(system, grid, true_f), w[:, 0]),
+            "node_correlation": weighted_correlation(fitted_nodes, true_nodes, 1.0),
+            "rms_true": float(np.sqrt(np.mean(true_f**2))),
+            "rms_fitted": float(np.sqrt(np.mean(fit_f**2))),
+            "node_times_seen": int(seen.sum()),
+        }
+        if plots and out is not None:
+            plot_force_maps(true_f, fit_f, system, grid, times, out / "force_maps.png")
+            plot_force_hovmoller(true_f, fit_f, system, grid, times,
+                                 out / "force_theta_vs_time.png")
+    return result
+
+
+def format_report(result: Mapping[str, Any]) -> str:
+    lines = []
+    if "force" in result:
+        f = result["force"]
+        lines.append(f"force: correlation {f['correlation']:.4f} (curl {f['curl_correlation']:.4f}"
+                     f", nodes {f['node_correlation']:.4f}); RMS fitted {f['rms_fitted']:.3g} vs "
+                     f"true {f['rms_true']:.3g}")
+    for name, unit in (("force_azimuth", "rad"), ("force_time_shift", "time")):
+        if name in result:
+            e = result[name]
+            lines.append(f"{name}: RMS error {e['rms_error']:.4g} {unit} (max "
+                         f"{e['max_error']:.4g}; common offset {e['common_offset']:.3g}, RMS "
+                         f"without it {e['rms_error_offset_removed']:.4g})")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Plots.
+
+
+def plot_force_maps(true_f: np.ndarray, fit_f: np.ndarray, system: Any, grid: Any,
+                    times: np.ndarray, path: Path) -> None:
+    """F_θ and F_φ, true and fitted, on a longitude–colatitude map at the middle node time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    k = len(times) // 2
+    theta, _ = system.coordinates(grid)
+    extent = (0, 360, np.degrees(theta[-1]), np.degrees(theta[0]))
+    fig, axes = plt.subplots(2, 2, figsize=(10, 6), constrained_layout=True)
+    for c, label in enumerate(("F_θ", "F_φ")):
+        vmax = float(np.max(np.abs(true_f[k, c]))) or 1.0
+        for r, (what, f) in enumerate((("true", true_f), ("fitted", fit_f))):
+            ax = axes[r, c]
+            im = ax.imshow(f[k, c], extent=extent, aspect="auto", cmap="RdBu_r", vmin=-vmax,
+                           vmax=vmax)
+            ax.set_title(f"{label} {what}, t = {times[k]:.3g}")
+            ax.set_xlabel("longitude φ (°)")
+            ax.set_ylabel("colatitude θ (°)")
+            fig.colorbar(im, ax=ax)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_force_hovmoller(true_f: np.ndarray, fit_f: np.ndarray, system: Any, grid: Any,
+                         times: np.ndarray, path: Path) -> None:
+    """The θ-component averaged over longitude, versus colatitude and time."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    theta, _ = system.coordinates(grid)
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True, sharey=True)
+    mean_true, mean_fit = true_f[:, 0].mean(axis=-1), fit_f[:, 0].mean(axis=-1)
+    vmax = float(np.max(np.abs(mean_true))) or 1.0
+    extent = (times[0], times[-1], np.degrees(theta[-1]), np.degrees(theta[0]))
+    for ax, (what, f) in zip(axes, (("true", mean_true), ("fitted", mean_fit)), strict=True):
+        im = ax.imshow(f.T, extent=extent, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax)
+        ax.set_title(f"⟨F_θ⟩_φ {what}")
+        ax.set_xlabel("time")
+        ax.set_ylabel("colatitude θ (°)")
+        fig.colorbar(im, ax=ax)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

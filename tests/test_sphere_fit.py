@@ -1,0 +1,192 @@
+"""Fitting a space–time force on the sphere shared by several experiments, each with its own
+rotation and time shift (issue 8): exact gradients with respect to force nodes, rotations and
+time shifts (Taylor test; revolve equals store-all; an experiments mesh equals one device),
+a small synthetic recovery, and bad configs rejected before training."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from pdefit import assemble, cli
+from pdefit import data as zd
+from pdefit.adjoint import Revolve, StoreAll
+from pdefit.domain import Domain
+from pdefit.gradcheck import taylor_test
+from pdefit.params import ParameterError, ParameterLayout
+from tests.test_fit import config
+
+# A T5 sphere (8 × 16 Gauss grid), 3 experiments of 11 frames over 2 time units, a force on
+# 3 times × 5 colatitudes × 8 longitudes.
+TINY = ["experiment=sphere_force_recovery", "system.grid.shape=[8,16]",
+        "system.options.force_nodes=[3,5,8]", "system.options.force_start=-0.2",
+        "system.options.force_end=2.2", "system.options.init_amplitude=0.3", "system.dt=0.04",
+        "simulate.n_experiments=3", "simulate.n_frames=11", "simulate.steps_per_frame=5",
+        "simulate.noise.sigma=0.002", "simulate.arrays.force.lmax=2",
+        "simulate.arrays.force.amplitude=0.5", "simulate.per_experiment.force_azimuth.low=-0.3",
+        "simulate.per_experiment.force_azimuth.high=0.3",
+        "simulate.per_experiment.force_time_shift.low=-0.15",
+        "simulate.per_experiment.force_time_shift.high=0.15",
+        "run.progress=false", "run.plots=false"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dataset(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("sphere")
+    cfg = config(tmp, *TINY)
+    dtype = assemble.set_precision("float64")
+    path = assemble.simulate_dataset(cfg, tmp / "sphere.zarr", dtype, log=lambda _: None)
+    jax.config.update("jax_enable_x64", True)
+    return path
+
+
+def tiny_setup(tmp_path: Path, dataset: Path, *overrides: str) -> assemble.FitSetup:
+    cfg = config(tmp_path, *TINY, f"data.path={dataset}", "precision=float64", *overrides)
+    return assemble.build_fit(cfg, dataset, assemble.set_precision("float64"))
+
+
+def away_from_zero(setup: assemble.FitSetup, dataset: Path) -> dict:
+    """θ with a nonzero force and alignments (at zero force the alignment has no effect)."""
+    ds = zd.open_dataset(dataset)
+    params = dict(setup.theta0["params"])
+    scale = setup.problem.layout.specs["force"].scale
+    params["force"] = jnp.asarray(0.7 * ds.read_true_array("force") / scale)
+    params["force_azimuth"] = jnp.asarray([0.1, -0.2, 0.05])
+    # Shifts off the grid of RK stage times (multiples of dt/2), so that no sampled time sits
+    # on a time node of the force, where it is piecewise linear and the loss has a kink.
+    params["force_time_shift"] = jnp.asarray([0.0313, -0.0717, 0.0131])
+    return {**setup.theta0, "params": params}
+
+
+def test_dataset_holds_velocities_and_truths(tiny_dataset):
+    ds = zd.open_dataset(tiny_dataset)
+    assert ds.meta.fields == ("u_theta", "u_phi")
+    assert set(ds.meta.true_per_experiment) == {"force_azimuth", "force_time_shift"}
+    for values in ds.meta.true_per_experiment.values():
+        assert len(values) == 3 and abs(np.mean(values)) < 1e-12  # centred
+    force = ds.read_true_array("force")
+    assert force.shape == (3, 2, 5, 8) and np.all(np.isfinite(force))
+    assert "force" not in ds.meta.true_params
+
+
+def test_taylor_force_rotation_time_shift(tmp_path, tiny_dataset):
+    setup = tiny_setup(tmp_path, tiny_dataset, "adjoint=store_all")
+    problem, batch = setup.problem, setup.batch
+    theta = away_from_zero(setup, tiny_dataset)
+    loss = jax.jit(problem.loss)
+    grad = jax.jit(jax.grad(problem.loss))
+    g = grad(theta, batch)
+    for name in ("force", "force_azimuth", "force_time_shift"):
+        assert float(jnp.max(jnp.abs(g["params"][name]))) > 0, name
+    # One parameter group at a time, so each one's gradient is checked on its own.
+    for name in ("force", "force_azimuth", "force_time_shift"):
+        def restrict(th, name=name):
+            return {**theta, "params": {**theta["params"], name: th}}
+        rows = taylor_test(lambda th, r=restrict: loss(r(th), batch),
+                           lambda th, r=restrict, n=name: grad(r(th), batch)["params"][n],
+                           theta["params"][name], eps0=2e-3, n=4)
+        orders = [r["order"] for r in rows[1:]]
+        assert max(orders) > 1.9 and min(orders) > 1.7, (name, rows)
+
+
+def test_revolve_equals_store_all(tmp_path, tiny_dataset):
+    setup = tiny_setup(tmp_path, tiny_dataset, "adjoint=store_all")
+    theta = away_from_zero(setup, tiny_dataset)
+    stored = jax.jit(setup.problem.value_and_grad)(theta, setup.batch)
+    revolve = dataclasses.replace(setup.problem, schedule=Revolve(3))
+    replayed = jax.jit(revolve.value_and_grad)(theta, setup.batch)
+    assert float(replayed[0]) == pytest.approx(float(stored[0]), rel=1e-12)
+    for a, b in zip(jax.tree.leaves(replayed[1]), jax.tree.leaves(stored[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14 * float(jnp.max(jnp.abs(b))))
+
+
+@pytest.mark.skipif(jax.device_count() < 3, reason="needs 3 (virtual) devices")
+def test_experiments_mesh_equals_single_device(tmp_path, tiny_dataset):
+    setup = tiny_setup(tmp_path, tiny_dataset, "adjoint=store_all")
+    # Uncommitted copies: build_fit placed them on one device, the mesh needs three.
+    theta, batch = jax.tree.map(lambda a: jnp.asarray(np.asarray(a)),
+                                (away_from_zero(setup, tiny_dataset), setup.batch))
+    reference = jax.jit(setup.problem.value_and_grad)(theta, batch)
+    meshed = dataclasses.replace(setup.problem, domain=Domain.build((3, 1, 1)))
+    value, grad = jax.jit(meshed.value_and_grad)(theta, batch)
+    assert float(value) == pytest.approx(float(reference[0]), rel=1e-12)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(reference[1]), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14 * float(jnp.max(jnp.abs(b))))
+    # Through the config: per-experiment parameters are placed along the experiment axis.
+    mesh_setup = tiny_setup(tmp_path, tiny_dataset, "adjoint=store_all", "mesh.experiments=3")
+    azimuth = mesh_setup.theta0["params"]["force_azimuth"]
+    assert not azimuth.sharding.is_fully_replicated
+    assert mesh_setup.theta0["params"]["force"].sharding.is_fully_replicated
+
+
+def test_small_recovery(tmp_path, tiny_dataset):
+    start = time.perf_counter()
+    summary = cli.fit(config(tmp_path, *TINY, f"data.path={tiny_dataset}", "optim.steps=150",
+                             "optim.lr=0.05", "precision=float32"))
+    wall = time.perf_counter() - start
+    result = summary["sphere_force"]
+    print(result["force"], result["force_azimuth"]["rms_error"],
+          result["force_time_shift"]["rms_error"], f"{wall:.1f} s")
+    assert result["force"]["correlation"] >= 0.9, result
+    assert result["force_azimuth"]["rms_error"] < 0.1, result
+    assert result["force_time_shift"]["rms_error"] < 0.1, result
+    assert summary["best_loss"] < 0.05 * summary["initial_loss"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Bad configs fail before training.
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("bad input reached the training loop")
+    monkeypatch.setattr(cli, "run_fit", forbidden)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("fit.per_experiment=[force_azimuth,omega]", "not fitted"),
+    ("fit.per_experiment=[nu]", "not fitted"),
+    ("observe.fields=[u_r]", "observables"),
+    ("+regularization.smoothness.force_azimuth=1.0", "scalar"),
+    ("+regularization.param_l2.Omega=1.0", "not fitted"),
+    ("system.options.force_nodes=[3,5]", "force_nodes"),
+])
+def test_bad_config_is_rejected_before_training(tmp_path, tiny_dataset, no_training, override,
+                                                message):
+    with pytest.raises(ValueError, match=message):
+        cli.fit(config(tmp_path, *TINY, f"data.path={tiny_dataset}", override))
+
+
+def test_wrong_array_shape_is_a_clear_error():
+    from systems.sphere_ns import SphereNS
+
+    specs = SphereNS(force_nodes=(3, 5, 8)).params
+    values = {n: s.full(s.default) for n, s in specs.items()}
+    layout = ParameterLayout.build(specs, values, ["force"], per_experiment=[])
+    with pytest.raises(ParameterError, match=r"shape \(3, 2, 5, 8\) got shape \(2, 2, 5, 8\)"):
+        layout.unconstrained({**values, "force": np.zeros((2, 2, 5, 8))})
+    with pytest.raises(ParameterError, match="per-experiment parameter 'force_azimuth'"):
+        ParameterLayout.build(specs, values, ["force", "force_azimuth"],
+                              per_experiment=["force_azimuth"]).unconstrained(
+            {**values, "force_azimuth": np.zeros(4)}, n_experiments=3)
+    with pytest.raises(ParameterError, match="not fitted"):
+        ParameterLayout.build(specs, values, ["force"], per_experiment=["force_azimuth"])
+
+
+def test_scalar_parameters_are_unchanged():
+    """A layout without arrays or per-experiment parameters is the old one."""
+    from systems.aliev_panfilov import AP96, AlievPanfilov
+
+    layout = ParameterLayout.build(AlievPanfilov.params, AP96, ["k", "a"])
+    z = layout.unconstrained(AP96)
+    assert all(jnp.shape(v) == () for v in z.values())
+    assert layout.scalars == ("k", "a") and layout.per_experiment == ()
+    assert all(isinstance(v, float) for v in layout.fixed.values())
+    assert StoreAll() is not None
