@@ -195,7 +195,9 @@ class EvaluateConfig:
     horizon: float | None = None  # forecast end; None: 4 × the training window
     frame_interval: float | None = None  # None: the dataset's frame interval
     threshold: float = 0.05  # forecast valid while MAE / range of the truth stays below this
-    activation_level: float = 0.5  # upstroke level of the first observed field (peak times)
+    field: str | None = None  # the field of the maps and traces; None: the first observed
+    # Upstroke level of that field for activation (peak) times; None: no activation metric.
+    activation_level: float | None = 0.5
     maps_at: list[float] | None = None  # times of difference maps; None: 4 spread over horizon
     lyapunov_perturbation: float = 1e-6  # size of the nearby trajectory's initial offset
 

@@ -163,8 +163,14 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     k_model = _steps_per(interval / time_scale, problem.dt, "model")
     horizon = float(ev.horizon) if ev.horizon is not None else 4.0 * (t_last - t_first)
     n_frames = round(horizon / interval) + 1
-    compare = list(cfg.observe.fields)
-    image = compare[0]
+    # The same system: every field, observed or not (the unobserved ones are what a fit of
+    # initial fields is about); a surrogate: the observed fields, the only shared meaning.
+    same = truth_system.name == problem.system.name
+    compare = list(truth_system.fields) if same else list(cfg.observe.fields)
+    image = ev.field or cfg.observe.fields[0]
+    if image not in compare:
+        raise EvaluationError(f"evaluate.field={image!r} is not one of the compared fields "
+                              f"{compare}")
 
     p_truth = {k: jnp.asarray(v, dtype) for k, v in p_true.items()}
     truth_step = stepper(truth_system, grid, truth_cfg.integrator)
@@ -191,8 +197,8 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     span = np.max(out["high"], axis=0) - np.min(out["low"], axis=0)
     normalised = np.mean(mae / np.maximum(span, 1e-30), axis=1)
     valid = validity_horizon(times, normalised, ev.threshold)
-    activation = activation_time_error(out["truth_image"], out["model_image"], times,
-                                       ev.activation_level)
+    activation = (None if ev.activation_level is None else activation_time_error(
+        out["truth_image"], out["model_image"], times, ev.activation_level))
     lyapunov = lyapunov_exponent(times - t_first, np.asarray(out["separation"]))
     exponent = lyapunov["exponent"]
 
@@ -210,17 +216,21 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
         "lyapunov_exponent": exponent, "lyapunov_fit": lyapunov,
         "training_window_lyapunov_times": None if exponent is None else window * exponent,
         "valid_for_lyapunov_times": None if exponent is None else valid * exponent,
-        "activation_time_error_mean": activation["overall"],
-        "activation_time_missed": activation["missed"],
+        "image_field": image,
+        "activation_time_error_mean": None if activation is None else activation["overall"],
+        "activation_time_missed": None if activation is None else activation["missed"],
         "parameters": rows, **{f"parameter_{k}": v for k, v in deviations.items()},
         "curves": {
             "time": times.tolist(),
             "mae": {f: mae[:, i].tolist() for i, f in enumerate(compare)},
             "normalised_mae": normalised.tolist(),
+            "time_lyapunov": None if exponent is None else (
+                (times - t_first) * exponent).tolist(),
             "separation": np.asarray(out["separation"], dtype=np.float64).tolist(),
-            "activation_bin_centres": activation["bin_centres"].tolist(),
-            "activation_error": [None if not np.isfinite(x) else float(x)
-                                 for x in activation["mean_error"]],
+            "activation_bin_centres": None if activation is None else activation[
+                "bin_centres"].tolist(),
+            "activation_error": None if activation is None else [
+                None if not np.isfinite(x) else float(x) for x in activation["mean_error"]],
         },
         "wall_time_s": None,
     }
@@ -230,8 +240,15 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     model_images = np.asarray(out["model_image"])
     plot_forecast(times, {**{f"MAE {f}": mae[:, i] for i, f in enumerate(compare)},
                           "normalised MAE": normalised}, t_last, run_dir / "forecast_mae.png")
-    plot_forecast(activation["bin_centres"], {"mean |Δ activation time|": activation[
-        "mean_error"]}, t_last, run_dir / "activation_error.png", ylabel="activation-time error")
+    if exponent is not None:
+        plot_forecast((times - t_first) * exponent, {f"MAE {f}": mae[:, i] for i, f in
+                                                     enumerate(compare)},
+                      (t_last - t_first) * exponent, run_dir / "forecast_mae_lyapunov.png",
+                      time_unit="(Lyapunov times since the window's start)")
+    if activation is not None:
+        plot_forecast(activation["bin_centres"], {"mean |Δ activation time|": activation[
+            "mean_error"]}, t_last, run_dir / "activation_error.png",
+            ylabel="activation-time error")
     plot_forecast(times, {"|twin − truth| (RMS)": np.asarray(out["separation"])}, t_last,
                   run_dir / "separation.png", ylabel="separation")
     plot_traces(times, truth_images[:, centre[0], centre[1]],
@@ -261,8 +278,11 @@ def format_evaluation(result: Mapping[str, Any]) -> str:
     if lam is not None:
         valid += f" = {result['valid_for_lyapunov_times']:.3g} Lyapunov times"
     lines.append(valid)
-    lines.append(f"mean activation-time error {result['activation_time_error_mean']:.4g} "
-                 f"({result['activation_time_missed']} truth activations unmatched)")
+    if result["activation_time_error_mean"] is not None:
+        lines.append(f"mean activation-time error {result['activation_time_error_mean']:.4g} "
+                     f"({result['activation_time_missed']} truth activations unmatched)")
+    final = {f: values[-1] for f, values in result["curves"]["mae"].items()}
+    lines.append("MAE at the horizon: " + ", ".join(f"{f} {v:.3g}" for f, v in final.items()))
     if result.get("parameter_mean_rel_error") is not None:
         lines.append(f"parameters: mean |rel. deviation| "
                      f"{100 * result['parameter_mean_rel_error']:.3f} %, median "
@@ -275,7 +295,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print("usage: pdefit-evaluate RUN_DIR [evaluate.<key>=<value> ...] [precision=float64]\n"
-              "keys: horizon, frame_interval, threshold, activation_level, maps_at, "
+              "keys: horizon, frame_interval, threshold, field, activation_level, maps_at, "
               "lyapunov_perturbation (see pdefit/config.py EvaluateConfig)")
         raise SystemExit(0 if args else 2)
     try:
