@@ -482,7 +482,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
         # Start a fitted field from its first observed frame when there is one, else from
         # what the system derives from the observed first frame, else zero.
         guess = None
-        if name in data_fields:
+        if name in data_fields and name in obs_cfg.fields:
             guess = _first_frame(dataset_array(ds, name, experiments, frames[:1], 1,
                                                frames_placement, dtype=np.dtype(dtype),
                                                reads=reads))
