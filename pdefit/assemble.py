@@ -252,6 +252,7 @@ def write_experiment(cfg: Any, path: Path, meta: zd.DatasetMeta, system: System,
     frames = simulate_frames(system, grid, experiment_params(meta, params, experiment),
                              sys_cfg.dt, sys_cfg.integrator, sim.n_frames,
                              sim.steps_per_frame, sim.seed + experiment, dtype, meta.fields)
+    mask = observation_mask(cfg, system, grid, meta)
     for name, values in frames.items():
         if not np.all(np.isfinite(values)):
             raise ConfigError(f"simulation of {name!r} blew up (non-finite values); "
@@ -260,7 +261,28 @@ def write_experiment(cfg: Any, path: Path, meta: zd.DatasetMeta, system: System,
             block = zd.add_noise_block(values[shard.frame_start:shard.frame_stop], meta.noise,
                                        experiment=experiment, frame_start=shard.frame_start)
             zd.write_block(path, name, block, experiment=experiment,
-                           frame_start=shard.frame_start)
+                           frame_start=shard.frame_start,
+                           mask=None if mask is None else mask[shard.frame_start:
+                                                               shard.frame_stop])
+
+
+def observation_mask(cfg: Any, system: System, grid: Grid, meta: zd.DatasetMeta,
+                     ) -> np.ndarray | None:
+    """The (n_frames, ny, nx) observation mask of ``simulate.mask`` (the same for every
+    experiment and field), or None without one."""
+    options = dict(getattr(cfg.simulate, "mask", None) or {})
+    if not options:
+        return None
+    if not hasattr(system, "observation_mask"):
+        raise ConfigError(f"simulate.mask: {system.name} has no observation_mask")
+    try:
+        mask = np.asarray(system.observation_mask(grid, meta.times, **options), bool)
+    except (TypeError, ValueError) as err:
+        raise ConfigError(f"simulate.mask: {err}") from None
+    if mask.shape != (meta.n_frames, *grid.shape) or not mask.any(axis=(1, 2)).all():
+        raise ConfigError(f"simulate.mask: every frame needs an observed point (mask shape "
+                          f"{mask.shape})")
+    return mask
 
 
 def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
@@ -272,7 +294,8 @@ def simulate_dataset(cfg: Any, path: Path, dtype: Any, log=print) -> Path:
     rank, n_processes = jax.process_index(), jax.process_count()
     if rank == 0:
         zd.create_dataset(path, meta, frames_per_shard=cfg.simulate.frames_per_shard,
-                          overwrite=True)
+                          overwrite=True,
+                          masks=bool(getattr(cfg.simulate, "mask", None)))
     _barrier("pdefit-dataset-created")
     for experiment in range(rank, meta.n_experiments, n_processes):
         write_experiment(cfg, path, meta, system, grid, params, experiment, dtype)
@@ -472,7 +495,8 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
                           f"is {fitted}); a per-experiment parameter must also be fitted")
     try:
         layout = ParameterLayout.build(system.params, start_values, fitted,
-                                       dict(cfg.fit.transforms), system.name, per_experiment)
+                                       dict(cfg.fit.transforms), system.name, per_experiment,
+                                       list(getattr(cfg.fit, "centered", None) or []))
         z0 = layout.unconstrained(start_values, len(experiments))
     except ParameterError as err:
         raise ConfigError(f"fit: {err}") from None
@@ -481,6 +505,8 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     for name in fitted_fields:
         # Start a fitted field from its first observed frame when there is one, else from
         # what the system derives from the observed first frame, else zero.
+        # An unobserved field's values in the dataset (a synthetic dataset stores every
+        # field) are the truth the fit should find, never its starting guess.
         guess = None
         if name in data_fields and name in obs_cfg.fields:
             guess = _first_frame(dataset_array(ds, name, experiments, frames[:1], 1,
@@ -545,9 +571,15 @@ def _state_from_first_frames(system: System, grid: Grid, ds: zd.Dataset, data_fi
         return {}
     if all(f in data_fields for f in system.fields):
         return {}
-    first = {n: _first_frame(dataset_array(ds, n, experiments, frames[:1], 1, placement,
-                                           dtype=np.dtype(dtype), reads=reads)) for n in names}
-    if not all(host_scalar(_all_finite(v)) for v in first.values()):
-        return {}
+    first = {}
+    for n in names:
+        values = _first_frame(dataset_array(ds, n, experiments, frames[:1], 1, placement,
+                                            dtype=np.dtype(dtype), reads=reads))
+        if ds.has_mask(n):
+            # Unobserved points carry no information: zero, not whatever the file holds.
+            mask = _first_frame(dataset_array(ds, n, experiments, frames[:1], 1, placement,
+                                              mask=True, reads=reads))
+            values = jnp.where(mask, values, 0.0)
+        first[n] = jnp.where(jnp.isfinite(values), values, 0.0)
     derived = jax.jit(derive)(first)
     return {f: jnp.asarray(v, dtype) for f, v in derived.items() if f not in data_fields}

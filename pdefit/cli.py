@@ -206,7 +206,7 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
     slots = np.flatnonzero(np.asarray(obs.slot_of_step) >= 0)
     picks = np.unique(np.linspace(0, len(slots) - 1, 4).round().astype(int))
     x0 = jax.tree.map(lambda a: a[0], problem.initial_state(theta, setup.batch))
-    params = problem.physical_params(theta)
+    params = problem.experiment_params(theta, 0)
     # Keep only every `every`-th state, the largest interval that still hits every frame.
     every = int(np.gcd.reduce(slots[1:])) if len(slots) > 1 else problem.n_steps
     frames = jax.jit(simulate, static_argnums=(0, 5, 6))(

@@ -68,6 +68,9 @@ class SimulateConfig:
     # Array-valued truths: parameter -> options of the system's synthetic_param(name, ...)
     # (e.g. a smooth random force field), stored in the dataset as true_<name>.
     arrays: dict[str, Any] = field(default_factory=dict)
+    # Observation masks: options of the system's observation_mask(grid, times, ...) (e.g.
+    # sphere_ns: a polar cap growing in time); empty: every point observed.
+    mask: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -109,6 +112,10 @@ class FitSpecConfig:
     # Fitted parameters with one value per experiment (e.g. an alignment); the others are
     # shared by all experiments.
     per_experiment: list[str] = field(default_factory=list)
+    # Per-experiment parameters constrained to zero mean over the experiments (the physical
+    # value is the fitted row minus the mean row), e.g. alignments only defined relative to
+    # each other.
+    centered: list[str] = field(default_factory=list)
     # Growing training windows: frame counts of successive stages (the last stage sees all
     # frames), each starting from the previous one's result. None: one stage.
     stages: list[int] | None = None

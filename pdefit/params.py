@@ -135,12 +135,15 @@ class ParameterLayout:
     fitted: tuple[str, ...]
     fixed: Mapping[str, Any] = field(default_factory=dict)
     per_experiment: tuple[str, ...] = ()
+    # Per-experiment parameters whose physical values have zero mean over the experiments
+    # (value = row − mean of rows): removes the common offset a shared parameter can absorb.
+    centered: tuple[str, ...] = ()
 
     @classmethod
     def build(cls, specs: Mapping[str, ParamSpec], values: Mapping[str, Any],
               fitted: Sequence[str], transforms: Mapping[str, str] | None = None,
               system_name: str = "system", per_experiment: Sequence[str] = (),
-              ) -> ParameterLayout:
+              centered: Sequence[str] = ()) -> ParameterLayout:
         """Validate names and values: ``values`` are physical values for every parameter
         (defaults filled in by the caller; scalars broadcast over array parameters),
         ``fitted`` the names to fit, ``per_experiment`` those of them fitted separately for
@@ -158,6 +161,10 @@ class ParameterLayout:
         if not_fitted:
             raise ParameterError(f"per-experiment parameter(s) {not_fitted} are not fitted; "
                                  f"add them to the fitted parameters {list(fitted)}")
+        loose = [n for n in centered if n not in per_experiment]
+        if loose:
+            raise ParameterError(f"centred parameter(s) {loose} are not per-experiment "
+                                 f"parameters {list(per_experiment)}")
         new_specs = dict(specs)
         for name, kind in (transforms or {}).items():
             new_specs[name] = replace(specs[name], transform=kind)
@@ -174,7 +181,8 @@ class ParameterLayout:
             if name not in fitted:
                 fixed[name] = value
         return cls(specs=new_specs, fitted=tuple(fitted), fixed=fixed,
-                   per_experiment=tuple(n for n in fitted if n in per_experiment))
+                   per_experiment=tuple(n for n in fitted if n in per_experiment),
+                   centered=tuple(n for n in fitted if n in centered))
 
     @property
     def shared(self) -> tuple[str, ...]:
@@ -217,6 +225,8 @@ class ParameterLayout:
         out: dict[str, Any] = dict(self.fixed)
         for name in self.fitted:
             out[name] = self.specs[name].to_physical(z[name])
+            if name in self.centered:
+                out[name] = out[name] - jnp.mean(out[name], axis=0)
         return out
 
     def split(self, params: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:

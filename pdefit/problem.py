@@ -110,7 +110,14 @@ class FitProblem:
                 for f in self.system.fields}
 
     def physical_params(self, theta: Mapping[str, Any]) -> dict[str, jnp.ndarray]:
+        """Physical values; per-experiment ones with their experiment axis."""
         return {k: jnp.asarray(v) for k, v in self.layout.physical(theta["params"]).items()}
+
+    def experiment_params(self, theta: Mapping[str, Any], experiment: int,
+                          ) -> dict[str, jnp.ndarray]:
+        """The physical parameters one experiment's rollout sees."""
+        shared, own = self.layout.split(self.physical_params(theta))
+        return {**shared, **{k: v[experiment] for k, v in own.items()}}
 
     # -- the loss -------------------------------------------------------------------------------
 

@@ -334,6 +334,22 @@ class SphereNS:
         return {"zeta": transform.synthesis(transform.curl_analysis(u_theta, u_phi,
                                                                     self.radius))}
 
+    def observation_mask(self, grid: Any, times: Any, cap_start: float = 90.0,
+                         cap_end: float = 180.0) -> np.ndarray:
+        """Observed points (n_frames, nlat, nlon): a polar cap θ ≤ θ_c(t) around the north
+        pole whose colatitude θ_c grows linearly from ``cap_start`` to ``cap_end`` degrees
+        over the frame times (like tissue spreading over a yolk)."""
+        if not 0 < cap_start <= cap_end <= 180:
+            raise ValueError(f"need 0 < cap_start <= cap_end <= 180 degrees, got {cap_start}, "
+                             f"{cap_end}")
+        times = np.asarray(times, np.float64)
+        span = times[-1] - times[0]
+        fraction = (times - times[0]) / span if span > 0 else np.zeros_like(times)
+        cap = np.radians(cap_start + (cap_end - cap_start) * fraction)
+        theta, _ = gaussian_grid(*grid.shape)
+        observed = theta[None, :] <= cap[:, None]
+        return np.broadcast_to(observed[:, :, None], (len(times), *grid.shape)).copy()
+
     def synthetic_param(self, name: str, seed: int = 0, **options: Any) -> np.ndarray:
         """A seeded synthetic truth for the array parameter ``name`` (``force``: see
         :func:`true_force`, options amplitude, lmin, lmax, time_modes)."""
