@@ -346,3 +346,53 @@ def test_experiments_mesh_loss_and_gradient_equal_single_device():
     spatial = dataclasses.replace(problem, domain=Domain.build((1, 2, 1)))
     with pytest.raises(ValueError, match="whole grid"):
         jax.jit(spatial.value_and_grad)(theta, batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# The paper's case: its window and horizon in Lyapunov times, and the tool that measures them.
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+# pdefit-lyapunov experiment=rb_temperature_from_velocity (100², Ra 1e7, Pr 7, float32).
+PAPER_LYAPUNOV_EXPONENT = 1273.5
+
+
+def compose_fit(*overrides: str):
+    from hydra import compose, initialize_config_dir
+
+    from pdefit.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="fit", overrides=list(overrides))
+
+
+def test_paper_experiment_window_and_horizon_in_lyapunov_times():
+    cfg = compose_fit("experiment=rb_temperature_from_velocity")
+    assert cfg.system.name == "rayleigh_benard" and list(cfg.system.grid.shape) == [100, 100]
+    assert list(cfg.observe.fields) == ["u", "w"] and dict(cfg.fit.initial_fields) == {
+        "theta": "fit"}
+    assert cfg.evaluate.field == "theta" and cfg.evaluate.activation_level is None
+    window = (cfg.simulate.n_frames - 1) * cfg.simulate.steps_per_frame * cfg.system.dt
+    assert 0.3 < window * PAPER_LYAPUNOV_EXPONENT < 0.4
+    assert 3.0 <= cfg.evaluate.horizon * PAPER_LYAPUNOV_EXPONENT <= 7.0
+    ratio = cfg.evaluate.frame_interval / cfg.system.dt
+    assert ratio == pytest.approx(round(ratio))
+    assert compose_fit("experiment=rb_temperature_from_velocity", "fit.params=[Ra,Pr]"
+                       ).fit.params == ["Ra", "Pr"]
+
+
+def test_lyapunov_tool_on_a_small_layer():
+    from pdefit import lyapunov
+
+    cfg = compose_fit(
+        "system=rayleigh_benard", "system.grid.shape=[8,8]", "system.grid.spacing=[0.125,0.125]",
+        "system.params.Ra=2e5", "system.params.Pr=1.0", "system.dt=2e-4",
+        "system.options.init_spinup=0.2", "simulate.n_frames=3", "simulate.steps_per_frame=5",
+        "observe.fields=[u,w]", "evaluate.field=theta", "precision=float64")
+    result = lyapunov.estimate(cfg, log=lambda _: None)
+    lam = result["lyapunov_exponent"]
+    assert result["saturated"] and lam is not None and lam > 0
+    interval = 5 * 2e-4
+    assert result["lyapunov_time"] == pytest.approx(1 / lam)
+    assert result["window_frames"] - 1 == max(1, round(lyapunov.WINDOW / lam / interval))
+    assert "Lyapunov time" in lyapunov.format_estimate(result)
