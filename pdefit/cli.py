@@ -24,12 +24,13 @@ from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import register_configs
 from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
 from .forecast import FITTED_FILE, save_fitted
+from .gauss_newton import gauss_newton
 from .gradcheck import taylor_test
 from .influence import format_ranking, rank_parameters, write_ranking
 from .integrate import simulate
 from .rundir import plain_config, register_resolvers, simulated_dataset
 from .system import stepper
-from .train import run_fit
+from .train import LEVENBERG_MARQUARDT, run_fit
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("pdefit")
@@ -193,11 +194,18 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
              f"dt={problem.dt}, schedule {problem.schedule}")
     checkpoint = CheckpointOptions(out / CHECKPOINT_DIR, cfg.run.checkpoint_every,
                                    cfg.run.checkpoint_keep)
+    curvature = None
+    if cfg.optim.name == LEVENBERG_MARQUARDT:
+        try:
+            curvature = gauss_newton(problem)
+        except ValueError as err:
+            raise assemble.ConfigError(f"optim: {err}") from None
     return run_fit(problem.loss, setup.theta0 if theta0 is None else theta0, setup.batch,
                    cfg.optim, describe=lambda th: _describe(problem, th),
                    metrics_path=out / "metrics.jsonl", progress=cfg.run.progress,
                    log=log.warning, checkpoint=checkpoint, resume=cfg.run.resume,
-                   config=plain_config(cfg), status_path=out / "status.json")
+                   config=plain_config(cfg), status_path=out / "status.json",
+                   curvature=curvature)
 
 
 def _plot_prediction(problem, setup, theta, path: Path) -> None:

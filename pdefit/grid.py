@@ -29,6 +29,9 @@ class Grid:
     shape: tuple[int, int]
     spacing: tuple[float, float]
     boundaries: tuple[str, str] = (NEUMANN, NEUMANN)
+    # Stencils declare their symmetric VJP (fast reverse mode); False gives plain stencils,
+    # which forward mode (jvp) can also differentiate.
+    self_adjoint_vjp: bool = True
 
     def __post_init__(self) -> None:
         shape = tuple(int(n) for n in self.shape)

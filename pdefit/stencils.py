@@ -60,7 +60,6 @@ def laplacian_spectral_radius(kind: str, spacing: tuple[float, float]) -> float:
     raise ValueError(f"unknown Laplacian {kind!r}; choose one of {sorted(LAPLACIANS)}")
 
 
-@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
 def laplacian(u: jnp.ndarray, grid: Any, kind: str = "5pt") -> jnp.ndarray:
     """The Laplacian of ``u`` with its halo filled by ``grid.pad`` (boundary conditions on one
     device, neighbour exchange on a tile).
@@ -69,17 +68,30 @@ def laplacian(u: jnp.ndarray, grid: Any, kind: str = "5pt") -> jnp.ndarray:
     matrix, so its vector-Jacobian product is the operator itself applied to the cotangent.
     Saying so explicitly replaces reverse-mode's transposed slices, pads and exchanges (several
     full-size temporaries per use) with one more stencil application: the VJP of a
-    reaction–diffusion step gets about twice as fast on a CPU.
+    reaction–diffusion step gets about twice as fast on a CPU. JAX cannot push forward-mode
+    tangents through such a rule, so a grid with ``self_adjoint_vjp=False`` (forward-mode
+    sensitivities, :mod:`pdefit.gauss_newton`) gets the plain stencil instead.
     """
+    if not getattr(grid, "self_adjoint_vjp", True):
+        return _stencil(u, grid, kind)
+    return _self_adjoint_laplacian(u, grid, kind)
+
+
+def _stencil(u: jnp.ndarray, grid: Any, kind: str) -> jnp.ndarray:
     return LAPLACIANS[kind](grid.pad(u, LAPLACIAN_RADIUS), grid.spacing)
 
 
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2))
+def _self_adjoint_laplacian(u: jnp.ndarray, grid: Any, kind: str) -> jnp.ndarray:
+    return _stencil(u, grid, kind)
+
+
 def _laplacian_forward(u, grid, kind):
-    return laplacian(u, grid, kind), None
+    return _stencil(u, grid, kind), None
 
 
 def _laplacian_backward(grid, kind, _, cotangent):
-    return (laplacian(cotangent, grid, kind),)
+    return (_stencil(cotangent, grid, kind),)
 
 
-laplacian.defvjp(_laplacian_forward, _laplacian_backward)
+_self_adjoint_laplacian.defvjp(_laplacian_forward, _laplacian_backward)

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 from tqdm.auto import tqdm
 
@@ -90,9 +91,37 @@ def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
     return main
 
 
+class DampingState(NamedTuple):
+    """Levenberg–Marquardt's state: the damping λ and the factor ν it grows by on the next
+    rejected step (Nielsen's update)."""
+
+    damping: jax.Array
+    factor: jax.Array
+
+
+LEVENBERG_MARQUARDT = "levenberg_marquardt"
+
+
+def _damping_state() -> optax.GradientTransformation:
+    """An optax-shaped holder of :class:`DampingState`: the steps themselves are taken by
+    :func:`make_damped_update`, which needs the curvature, not only the gradient."""
+
+    def init(params: Any) -> DampingState:
+        leaf = jax.tree.leaves(params)[0]
+        return DampingState(jnp.asarray(1e-3, leaf.dtype), jnp.asarray(2.0, leaf.dtype))
+
+    def update(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("levenberg_marquardt steps are taken by make_damped_update")
+
+    return optax.GradientTransformation(init, update)
+
+
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     """Gradient clipping (optional) followed by the optimiser. ``lbfgs`` ignores the
-    learning-rate schedule: its zoom line search chooses each step length."""
+    learning-rate schedule: its zoom line search chooses each step length, as does
+    ``levenberg_marquardt`` its damping."""
+    if cfg.name == LEVENBERG_MARQUARDT:
+        return _damping_state()
     schedule = learning_rate_schedule(cfg)
     optimizers: dict[str, Callable[[], optax.GradientTransformation]] = {
         "adam": lambda: optax.adam(schedule),
@@ -101,7 +130,8 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
         "lbfgs": lambda: optax.lbfgs(),
     }
     if cfg.name not in optimizers:
-        raise ValueError(f"unknown optimizer {cfg.name!r}; choose one of {sorted(optimizers)}")
+        raise ValueError(f"unknown optimizer {cfg.name!r}; choose one of "
+                         f"{sorted([*optimizers, LEVENBERG_MARQUARDT])}")
     parts = [optax.clip_by_global_norm(cfg.clip)] if cfg.clip else []
     return optax.chain(*parts, optimizers[cfg.name]())
 
@@ -173,6 +203,49 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Call
     return update
 
 
+def make_damped_update(loss: Callable, curvature: Callable) -> Callable:
+    """Levenberg–Marquardt on ``theta["params"]`` with the same contract as
+    :func:`make_update`. ``curvature(theta, batch) -> (loss, gradient, G)`` (see
+    :mod:`pdefit.gauss_newton`). A step solves (G + λ diag G) δ = −g and is kept when the loss
+    falls by at least 1e-4 of what the quadratic model predicts; a rejected step (also one
+    whose trial loss is not finite) leaves θ as it is and raises λ, so the step shrinks towards
+    a short gradient step."""
+
+    @jax.jit
+    def update(state: TrainState, batch: Any):
+        value, grad, matrix = curvature(state.theta, batch)
+        flat, unravel = ravel_pytree(state.theta["params"])
+        g, _ = ravel_pytree(grad["params"])
+        damping, factor = state.opt_state.damping, state.opt_state.factor
+        diagonal = jnp.diag(matrix)
+        # Parameters the data do not see would make the system singular: floor the scaling.
+        floor = 1e-12 * jnp.maximum(jnp.max(diagonal), jnp.finfo(flat.dtype).tiny)
+        system = matrix + damping * jnp.diag(jnp.maximum(diagonal, floor))
+        delta = -jnp.linalg.solve(system, g)
+        predicted = -(g @ delta + 0.5 * delta @ matrix @ delta)
+        trial_theta = {**state.theta, "params": unravel(flat + delta)}
+        trial = loss(trial_theta, batch)
+        ratio = (value - trial) / predicted
+        accept = jnp.isfinite(trial) & (predicted > 0) & (ratio > 1e-4)
+        shrink = jnp.maximum(1.0 / 3.0, 1.0 - (2.0 * ratio - 1.0) ** 3)
+        opt_state = DampingState(
+            jnp.where(accept, damping * shrink, damping * factor).astype(damping.dtype),
+            jnp.where(accept, 2.0, 2.0 * factor).astype(factor.dtype))
+        theta = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, state.theta)
+        grad_norm = optax.tree.norm(grad)
+        finite = jnp.isfinite(value) & jnp.isfinite(grad_norm) & jnp.all(jnp.isfinite(matrix))
+        better = value < state.best_loss
+        candidate = TrainState(
+            step=state.step + 1, theta=theta, opt_state=opt_state, lr_scale=state.lr_scale,
+            key=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.key))[0]),
+            best_loss=jnp.where(better, value, state.best_loss).astype(state.best_loss.dtype),
+            best_theta=jax.tree.map(lambda t, b: jnp.where(better, t, b), state.theta,
+                                    state.best_theta))
+        return _strong(candidate), value, grad_norm, finite
+
+    return update
+
+
 def data_fingerprint(batch: Any) -> str:
     """A digest of the data a fit sees (values of every array this process holds whole,
     shapes and dtypes of the others), saved with each checkpoint so that resuming against
@@ -216,6 +289,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             config: Mapping[str, Any] | None = None, status_path: Path | None = None,
             seed: int = 0, preemption: PreemptionFlag | None = None,
             on_step: Callable[[int, Mapping[str, Any]], None] | None = None,
+            curvature: Callable | None = None,
             ) -> tuple[TrainState, FitHistory]:
     """Minimise ``loss(theta, batch)`` from ``theta0``.
 
@@ -225,13 +299,21 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     unless ``resume`` is False (then they are deleted). ``config`` (the resolved run config) is
     saved with each checkpoint and must match on resume, except ``run.*``. ``on_step(step,
     record)`` is called after every applied step (tests use it to send signals).
+    ``curvature`` (from :func:`pdefit.gauss_newton.gauss_newton`) is needed by
+    ``levenberg_marquardt``.
 
     Raises :class:`Preempted` (a ``SystemExit`` with status 75) after a preemption signal, once
     the checkpoint is on disk, and :class:`TrainingDivergedError` after too many non-finite
     steps.
     """
     optimizer = make_optimizer(cfg)
-    update = make_update(loss, optimizer)
+    if cfg.name == LEVENBERG_MARQUARDT:
+        if curvature is None:
+            raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
+                             "curvature (pdefit.gauss_newton)")
+        update = make_damped_update(loss, curvature)
+    else:
+        update = make_update(loss, optimizer)
     loss_dtype = jax.eval_shape(loss, theta0, batch).dtype
     state = init_state(theta0, optimizer, loss_dtype, seed)
     history = FitHistory()

@@ -14,6 +14,7 @@ import pytest
 
 from pdefit.adjoint import Revolve, StoreAll
 from pdefit.config import OptimConfig
+from pdefit.gauss_newton import gauss_newton
 from pdefit.grid import Grid
 from pdefit.integrate import simulate
 from pdefit.observe import Observation, observed_data
@@ -104,8 +105,9 @@ def test_stable_time_step_is_checked():
 # ---------------------------------------------------------------------------------------------
 # Tissue: the seed paper's lattice (TNNP, 9-point, dx = 1, D = 0.1) on a small grid.
 
-TISSUE = BOCF(parameter_set="TNNP", laplacian="9pt", init_stimuli=6, init_duration=60.0)
-TISSUE_GRID = Grid((24, 24), (1.0, 1.0), NEUMANN)
+TISSUE = BOCF(parameter_set="TNNP", laplacian="9pt", init_stimuli=6, init_duration=60.0,
+              heaviside_width=0.01)
+TISSUE_GRID = Grid((32, 32), (1.0, 1.0), NEUMANN)
 TISSUE_PARAMS = {**parameter_values("TNNP"), "D": 0.1}
 DT = 0.05
 N_STEPS = 300  # 15 ms
@@ -154,20 +156,29 @@ def test_initial_state_is_active_and_stable_dt_holds():
     # The data window stays bounded (u below u_u + a little, gates in [0, 1]).
     assert frames["u"].min() > -0.01 and frames["u"].max() < 1.7
     for gate in ("v", "w", "s"):
-        assert frames[gate].min() >= -1e-12 and frames[gate].max() <= 1.0 + 1e-6
+        # w∞ = 1 − u/τw∞ exceeds 1 where u dips below 0, which the logistic thresholds allow
+        # by a few thousandths.
+        assert frames[gate].min() >= -1e-12 and frames[gate].max() <= 1.05
     assert check_time_step(TISSUE, TISSUE_PARAMS, TISSUE_GRID, DT, "rush_larsen") > 0.1
 
 
 def test_recovers_four_parameters_from_a_short_window():
+    """Levenberg–Marquardt on forward-mode Gauss–Newton curvature, on the model with
+    logistic thresholds (heaviside_width = 0.01, data and fit alike). With the sharp published
+    thresholds the discrete-time loss is a staircase of ≈ 1e-6 steps here (a cell's threshold
+    crossing moving by one time step jumps its gates), and both L-BFGS (τfi 6 % off) and
+    Levenberg–Marquardt (2 % off) stall on it; with the ramp the misfit is smooth and
+    Gauss–Newton converges quadratically (loss 1e-2 → 1e-26 in 8 iterations)."""
     problem, batch, _, theta0 = tissue_problem(StoreAll())
     started = time.perf_counter()
-    state, _ = run_fit(problem.loss, theta0, batch,
-                       OptimConfig(name="lbfgs", steps=60, clip=None, grad_tol=1e-7),
-                       progress=False, log=lambda _: None)
-    fitted = problem.layout.physical(state.theta["params"])
+    _, history = run_fit(problem.loss, theta0, batch,
+                         OptimConfig(name="levenberg_marquardt", steps=25, clip=None,
+                                     grad_tol=1e-8),
+                         progress=False, log=lambda _: None, curvature=gauss_newton(problem))
+    fitted = problem.layout.physical(history.best_theta["params"])
     errors = {n: abs(float(fitted[n]) / TISSUE_PARAMS[n] - 1.0) for n in FITTED}
     print("relative errors", errors, f"{time.perf_counter() - started:.1f} s")
-    assert max(errors.values()) < 0.01, errors
+    assert max(errors.values()) < 1e-6, errors
 
 
 def test_revolve_gradient_equals_store_all():

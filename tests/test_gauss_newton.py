@@ -1,0 +1,58 @@
+"""Gauss–Newton curvature by forward tangents, and Levenberg–Marquardt fits."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from jax.flatten_util import ravel_pytree
+
+from pdefit.adjoint import Revolve
+from pdefit.config import OptimConfig
+from pdefit.gauss_newton import gauss_newton
+from pdefit.train import run_fit
+from tests.helpers import ap_problem
+
+
+def test_curvature_is_the_hessian_at_a_zero_residual_and_the_gradient_is_exact():
+    """At the truth (noise-free data) the residual vanishes, so the Gauss–Newton matrix equals
+    the loss's Hessian exactly; anywhere, the gradient equals reverse-mode's."""
+    problem, batch, theta_true, theta_start = ap_problem(n_exp=2)
+    curvature = jax.jit(gauss_newton(problem))
+    value, grad, matrix = curvature(theta_true, batch)
+    flat, unravel = ravel_pytree(theta_true["params"])
+
+    def loss_of(f):
+        return problem.loss({**theta_true, "params": unravel(f)}, batch)
+
+    hessian = np.asarray(jax.jit(jax.hessian(loss_of))(flat))
+    assert float(value) == pytest.approx(float(loss_of(flat)), abs=1e-20)
+    np.testing.assert_allclose(np.asarray(matrix), hessian, rtol=1e-7,
+                               atol=1e-9 * np.abs(hessian).max())
+    value, grad, matrix = curvature(theta_start, batch)
+    reference = jax.grad(problem.loss)(theta_start, batch)
+    assert float(value) == pytest.approx(float(problem.loss(theta_start, batch)), rel=1e-12)
+    for name, g in reference["params"].items():
+        assert float(grad["params"][name]) == pytest.approx(float(g), rel=1e-9)
+    eigenvalues = np.linalg.eigvalsh(np.asarray(matrix))
+    assert eigenvalues.min() > -1e-12 * eigenvalues.max()  # positive semidefinite
+
+
+def test_levenberg_marquardt_recovers_parameters_in_few_steps():
+    problem, batch, theta_true, theta_start = ap_problem(schedule=Revolve(4))
+    state, history = run_fit(problem.loss, theta_start, batch,
+                             OptimConfig(name="levenberg_marquardt", steps=30, clip=None,
+                                         grad_tol=1e-9),
+                             progress=False, log=lambda _: None,
+                             curvature=gauss_newton(problem))
+    fitted = problem.layout.physical(history.best_theta["params"])
+    truth = problem.layout.physical(theta_true["params"])
+    for name in problem.layout.fitted:
+        assert float(fitted[name]) == pytest.approx(float(truth[name]), rel=1e-6), name
+    assert len(history.records) <= 30
+
+
+def test_levenberg_marquardt_refuses_fields():
+    problem, *_ = ap_problem(fit_fields=("v",))
+    with pytest.raises(ValueError, match="scalar parameters only"):
+        gauss_newton(problem)
