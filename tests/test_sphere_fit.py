@@ -64,6 +64,24 @@ def away_from_zero(setup: assemble.FitSetup, dataset: Path) -> dict:
     return {**setup.theta0, "params": params}
 
 
+class StoreAllCase:
+    """The tiny problem (store-all) at a point away from zero, its jitted value_and_grad and
+    the reference value and gradient, shared by the gradient tests (one compilation)."""
+
+    def __init__(self, setup: assemble.FitSetup, dataset: Path) -> None:
+        self.setup, self.batch = setup, setup.batch
+        self.theta = away_from_zero(setup, dataset)
+        self.value_and_grad = jax.jit(setup.problem.value_and_grad)
+        self.reference = self.value_and_grad(self.theta, self.batch)
+
+
+@pytest.fixture(scope="module")
+def store_all(tmp_path_factory, tiny_dataset) -> StoreAllCase:
+    jax.config.update("jax_enable_x64", True)
+    setup = tiny_setup(tmp_path_factory.mktemp("store_all"), tiny_dataset, "adjoint=store_all")
+    return StoreAllCase(setup, tiny_dataset)
+
+
 def test_dataset_holds_velocities_and_truths(tiny_dataset):
     ds = zd.open_dataset(tiny_dataset)
     assert ds.meta.fields == ("u_theta", "u_phi")
@@ -75,13 +93,16 @@ def test_dataset_holds_velocities_and_truths(tiny_dataset):
     assert "force" not in ds.meta.true_params
 
 
-def test_taylor_force_rotation_time_shift(tmp_path, tiny_dataset):
-    setup = tiny_setup(tmp_path, tiny_dataset, "adjoint=store_all")
-    problem, batch = setup.problem, setup.batch
-    theta = away_from_zero(setup, tiny_dataset)
-    loss = jax.jit(problem.loss)
-    grad = jax.jit(jax.grad(problem.loss))
-    g = grad(theta, batch)
+def test_taylor_force_rotation_time_shift(store_all):
+    theta, batch = store_all.theta, store_all.batch
+
+    def loss(th, b):
+        return store_all.value_and_grad(th, b)[0]
+
+    def grad(th, b):
+        return store_all.value_and_grad(th, b)[1]
+
+    g = store_all.reference[1]
     for name in ("force", "force_azimuth", "force_time_shift"):
         assert float(jnp.max(jnp.abs(g["params"][name]))) > 0, name
     # One parameter group at a time, so each one's gradient is checked on its own.
@@ -95,25 +116,22 @@ def test_taylor_force_rotation_time_shift(tmp_path, tiny_dataset):
         assert max(orders) > 1.9 and min(orders) > 1.7, (name, rows)
 
 
-def test_revolve_equals_store_all(tmp_path, tiny_dataset):
-    setup = tiny_setup(tmp_path, tiny_dataset, "adjoint=store_all")
-    theta = away_from_zero(setup, tiny_dataset)
-    stored = jax.jit(setup.problem.value_and_grad)(theta, setup.batch)
-    revolve = dataclasses.replace(setup.problem, schedule=Revolve(3))
-    replayed = jax.jit(revolve.value_and_grad)(theta, setup.batch)
+def test_revolve_equals_store_all(store_all):
+    stored = store_all.reference
+    revolve = dataclasses.replace(store_all.setup.problem, schedule=Revolve(3))
+    replayed = jax.jit(revolve.value_and_grad)(store_all.theta, store_all.batch)
     assert float(replayed[0]) == pytest.approx(float(stored[0]), rel=1e-12)
     for a, b in zip(jax.tree.leaves(replayed[1]), jax.tree.leaves(stored[1]), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-14 * float(jnp.max(jnp.abs(b))))
 
 
 @pytest.mark.skipif(jax.device_count() < 3, reason="needs 3 (virtual) devices")
-def test_experiments_mesh_equals_single_device(tmp_path, tiny_dataset):
-    setup = tiny_setup(tmp_path, tiny_dataset, "adjoint=store_all")
+def test_experiments_mesh_equals_single_device(tmp_path, tiny_dataset, store_all):
     # Uncommitted copies: build_fit placed them on one device, the mesh needs three.
     theta, batch = jax.tree.map(lambda a: jnp.asarray(np.asarray(a)),
-                                (away_from_zero(setup, tiny_dataset), setup.batch))
-    reference = jax.jit(setup.problem.value_and_grad)(theta, batch)
-    meshed = dataclasses.replace(setup.problem, domain=Domain.build((3, 1, 1)))
+                                (store_all.theta, store_all.batch))
+    reference = store_all.reference
+    meshed = dataclasses.replace(store_all.setup.problem, domain=Domain.build((3, 1, 1)))
     value, grad = jax.jit(meshed.value_and_grad)(theta, batch)
     assert float(value) == pytest.approx(float(reference[0]), rel=1e-12)
     for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(reference[1]), strict=True):
@@ -158,7 +176,6 @@ def test_growing_cap_mask(tmp_path):
                                       "precision=float64"), path, dtype)
     weights = np.asarray(setup.batch.observed.weights["u_theta"])
     np.testing.assert_array_equal(weights > 0, mask)
-    assert np.isfinite(float(jax.jit(setup.problem.loss)(setup.theta0, setup.batch)))
     region = observed_region(ds, ["u_theta", "u_phi"], [0, 1])
     np.testing.assert_array_equal(region > 0, mask.any(axis=(0, 1)))
 
