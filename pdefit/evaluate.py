@@ -161,9 +161,10 @@ def activation_time_error(truth: np.ndarray, model: np.ndarray, times: np.ndarra
 
 def lyapunov_exponent(times: np.ndarray, separation: np.ndarray) -> dict[str, float | None]:
     """The maximal Lyapunov exponent from the separation d(t) of two nearby trajectories: the
-    least-squares slope of log d over the stretch where it grows exponentially — from 10× its
-    initial size to a tenth of its saturation level (the median of its last fifth). None if
-    that stretch has fewer than three points (the horizon is too short or d never grows)."""
+    least-squares slope of log d over the stretch where it grows exponentially — after it last
+    lies below 10× its initial size and before it first passes a tenth of its saturation level
+    (the median of its last fifth). None if that stretch has fewer than three points (the
+    horizon is too short or d never grows)."""
     times = np.asarray(times, dtype=np.float64)
     d = np.asarray(separation, dtype=np.float64)
     ok = np.isfinite(d) & (d > 0)
@@ -172,12 +173,13 @@ def lyapunov_exponent(times: np.ndarray, separation: np.ndarray) -> dict[str, fl
     tail = d[int(0.8 * d.size):]
     saturation = float(np.median(tail[np.isfinite(tail)])) if np.isfinite(tail).any() else np.inf
     low, high = 10.0 * d[0], 0.1 * saturation
-    inside = ok & (d >= low) & (d <= high)
-    # Only the first contiguous stretch: later dips below the ceiling are not growth.
-    index = np.flatnonzero(inside)
-    if index.size:
-        breaks = np.flatnonzero(np.diff(index) > 1)
-        index = index[: breaks[0] + 1] if breaks.size else index
+    # From the last time d is below the floor to the first time it passes the ceiling: early
+    # wobbles around the floor and the saturated tail are left out.
+    above = np.flatnonzero(ok & (d > high))
+    end = int(above[0]) if above.size else d.size
+    below = np.flatnonzero(~ok[:end] | (d[:end] < low))
+    start = int(below[-1]) + 1 if below.size else 0
+    index = np.arange(start, end)[ok[start:end]]
     if index.size < 3:
         return {"exponent": None, "fit_start": None, "fit_end": None}
     slope = np.polyfit(times[index], np.log(d[index]), 1)[0]

@@ -62,7 +62,12 @@ class AlievPanfilov:
         u, v = state["u"], state["v"]
         lap = laplacian(u, grid, self.laplacian)
         k, a, b = params["k"], params["a"], params["b"]
-        eps = params["eps0"] + params["mu1"] * v / (u + params["mu2"])
+        # The recovery rate sees v only where v ≥ 0, the region the dynamics never leave. Below
+        # it the published rate has a finite-time blow-up (dv/dt ≈ −(μ1/μ2)v² at u = 0), which
+        # an optimiser adjusting an unobserved initial v would otherwise run into. Values and
+        # derivatives for v ≥ 0 are unchanged.
+        v_recovery = jnp.where(v < 0, 0.0, v)
+        eps = params["eps0"] + params["mu1"] * v_recovery / (u + params["mu2"])
         du = params["D"] * lap - k * u * (u - a) * (u - 1.0) - u * v
         dv = eps * (-v - k * u * (u - b - 1.0))
         return {"u": du, "v": dv}
