@@ -189,22 +189,26 @@ def plot_force_maps(true_f: np.ndarray, fit_f: np.ndarray, system: Any, grid: An
 
 def plot_force_hovmoller(true_f: np.ndarray, fit_f: np.ndarray, system: Any, grid: Any,
                          times: np.ndarray, path: Path) -> None:
-    """The θ-component averaged over longitude, versus colatitude and time."""
+    """The components averaged over longitude, versus colatitude and time: ⟨F_θ⟩_φ (top) and
+    ⟨F_φ⟩_φ (bottom), true and fitted. A zonally symmetric F_θ(θ) θ̂ has no curl, so it does
+    not act on an incompressible flow and cannot be recovered; ⟨F_φ⟩_φ can."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     theta, _ = system.coordinates(grid)
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4), constrained_layout=True, sharey=True)
-    mean_true, mean_fit = true_f[:, 0].mean(axis=-1), fit_f[:, 0].mean(axis=-1)
-    vmax = float(np.max(np.abs(mean_true))) or 1.0
+    fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True, sharey=True)
     extent = (times[0], times[-1], np.degrees(theta[-1]), np.degrees(theta[0]))
-    for ax, (what, f) in zip(axes, (("true", mean_true), ("fitted", mean_fit)), strict=True):
-        im = ax.imshow(f.T, extent=extent, aspect="auto", cmap="RdBu_r", vmin=-vmax, vmax=vmax)
-        ax.set_title(f"⟨F_θ⟩_φ {what}")
-        ax.set_xlabel("time")
-        ax.set_ylabel("colatitude θ (°)")
-        fig.colorbar(im, ax=ax)
+    for row, label in enumerate(("F_θ", "F_φ")):
+        means = (true_f[:, row].mean(axis=-1), fit_f[:, row].mean(axis=-1))
+        vmax = max(float(np.max(np.abs(m))) for m in means) or 1.0
+        for ax, what, mean in zip(axes[row], ("true", "fitted"), means, strict=True):
+            im = ax.imshow(mean.T, extent=extent, aspect="auto", cmap="RdBu_r", vmin=-vmax,
+                           vmax=vmax)
+            ax.set_title(f"⟨{label}⟩_φ {what}")
+            ax.set_xlabel("time")
+            ax.set_ylabel("colatitude θ (°)")
+            fig.colorbar(im, ax=ax)
     fig.savefig(path, dpi=100)
     plt.close(fig)

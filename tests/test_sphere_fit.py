@@ -113,6 +113,7 @@ def test_taylor_force_rotation_time_shift(store_all):
                            lambda th, r=restrict, n=name: grad(r(th), batch)["params"][n],
                            theta["params"][name], eps0=2e-3, n=4)
         orders = [r["order"] for r in rows[1:]]
+        print(name, "Taylor remainder orders", [round(o, 3) for o in orders])
         assert max(orders) > 1.9 and min(orders) > 1.7, (name, rows)
 
 
