@@ -176,6 +176,18 @@ def init_state(theta0: Any, optimizer: optax.GradientTransformation, loss_dtype:
     return _placed(state, _replicated(theta0))
 
 
+def _advanced(state: TrainState, theta: Any, opt_state: Any, value: jax.Array) -> TrainState:
+    """The state after one step to ``theta``, ``value`` being the loss at ``state.theta``
+    (which becomes the best point if it beats the best so far)."""
+    better = value < state.best_loss
+    return _strong(TrainState(
+        step=state.step + 1, theta=theta, opt_state=opt_state, lr_scale=state.lr_scale,
+        key=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.key))[0]),
+        best_loss=jnp.where(better, value, state.best_loss).astype(state.best_loss.dtype),
+        best_theta=jax.tree.map(lambda t, b: jnp.where(better, t, b), state.theta,
+                                state.best_theta)))
+
+
 def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Callable:
     """``update(state, batch) -> (candidate state, loss, grad norm, finite)``, jitted. Extra
     arguments (value, gradient, loss function) are offered to optimisers that take them, such
@@ -191,14 +203,7 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Call
             value_fn=lambda theta: loss(theta, batch))
         updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
         theta = optax.apply_updates(state.theta, updates)
-        better = value < state.best_loss
-        candidate = TrainState(
-            step=state.step + 1, theta=theta, opt_state=opt_state, lr_scale=state.lr_scale,
-            key=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.key))[0]),
-            best_loss=jnp.where(better, value, state.best_loss).astype(state.best_loss.dtype),
-            best_theta=jax.tree.map(lambda t, b: jnp.where(better, t, b), state.theta,
-                                    state.best_theta))
-        return _strong(candidate), value, grad_norm, finite
+        return _advanced(state, theta, opt_state, value), value, grad_norm, finite
 
     return update
 
@@ -234,14 +239,7 @@ def make_damped_update(loss: Callable, curvature: Callable) -> Callable:
         theta = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, state.theta)
         grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm) & jnp.all(jnp.isfinite(matrix))
-        better = value < state.best_loss
-        candidate = TrainState(
-            step=state.step + 1, theta=theta, opt_state=opt_state, lr_scale=state.lr_scale,
-            key=jax.random.key_data(jax.random.split(jax.random.wrap_key_data(state.key))[0]),
-            best_loss=jnp.where(better, value, state.best_loss).astype(state.best_loss.dtype),
-            best_theta=jax.tree.map(lambda t, b: jnp.where(better, t, b), state.theta,
-                                    state.best_theta))
-        return _strong(candidate), value, grad_norm, finite
+        return _advanced(state, theta, opt_state, value), value, grad_norm, finite
 
     return update
 
