@@ -50,7 +50,9 @@ def figure(run: str, name: str, title: str) -> str:
 
 
 def pct(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.3f} %"
+    if x is None:
+        return "—"
+    return f"{100 * x:.1e} %" if 0 < abs(x) < 1e-5 else f"{100 * x:.3f} %"
 
 
 def num(x: float | None, fmt: str = ".4g") -> str:
@@ -112,13 +114,19 @@ def forecast_lines(ev: dict[str, Any] | None, unit: str) -> list[str]:
     return lines
 
 
+def stages_text(stages: list | None) -> str:
+    if not stages or stages == [None]:
+        return "one window"
+    return "windows of " + " → ".join(str(k) for k in stages) + " frames"
+
+
 def fit_section(run: str, unit: str) -> list[str]:
     summary = load(RUNS / run / "summary.json")
     if summary is None:
         return [f"*{run} not run.*"]
     ev = load(RUNS / run / "evaluation.json")
     lines = [f"{summary['system']} on {summary['grid'][0]}×{summary['grid'][1]}, "
-             f"{summary['n_steps']} steps, stages {summary.get('stages')}, schedule "
+             f"{summary['n_steps']} steps, {stages_text(summary.get('stages'))}, schedule "
              f"{summary['schedule']}; loss {summary['initial_loss']:.3e} → "
              f"{summary['best_loss']:.3e} in {summary['wall_time_s']:.0f} s of optimisation.", ""]
     if summary.get("mean_rel_error") is not None:
@@ -162,7 +170,7 @@ def sharp_section() -> list[str]:
     summary = load(RUNS / "bocf_recovery_sharp" / "summary.json")
     if summary is None:
         return partial_run(RUNS / "bocf_recovery_sharp")
-    return [f"Stages {summary.get('stages')}, loss {summary['initial_loss']:.3e} → "
+    return [f"{stages_text(summary.get('stages'))}, loss {summary['initial_loss']:.3e} → "
             f"{summary['best_loss']:.3e} in {summary['wall_time_s']:.0f} s; mean absolute "
             f"relative deviation {pct(summary['mean_rel_error'])}, median "
             f"{pct(summary['median_rel_error'])}, max {pct(summary['max_rel_error'])}.", "",
