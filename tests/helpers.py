@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import yaml
 
 from pdefit.adjoint import StoreAll
 from pdefit.grid import Grid
@@ -69,3 +72,16 @@ def ap_problem(shape=(12, 12), boundaries=("neumann", "neumann"), n_steps=40, ev
     theta_true = {"params": cast(layout.unconstrained(AP96)), "fields": fields_true}
     theta_start = {"params": cast(layout.unconstrained(start)), "fields": fields_start}
     return problem, batch, theta_true, theta_start
+
+
+def configured_system(name: str):
+    """(config dict, system, grid, parameters) of ``conf/system/<name>.yaml``."""
+    from systems import get_system
+
+    path = Path(__file__).resolve().parents[1] / "conf" / "system" / f"{name}.yaml"
+    cfg = yaml.safe_load(path.read_text())
+    system = get_system(cfg["name"], **cfg["options"])
+    grid = Grid(tuple(cfg["grid"]["shape"]), tuple(cfg["grid"]["spacing"]),
+                tuple(cfg["grid"]["boundaries"]))
+    params = {**{k: spec.default for k, spec in system.params.items()}, **cfg["params"]}
+    return cfg, system, grid, params

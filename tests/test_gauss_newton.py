@@ -40,7 +40,7 @@ def test_curvature_is_the_hessian_at_a_zero_residual_and_the_gradient_is_exact()
 
 def test_levenberg_marquardt_recovers_parameters_in_few_steps():
     problem, batch, theta_true, theta_start = ap_problem(schedule=Revolve(4))
-    state, history = run_fit(problem.loss, theta_start, batch,
+    _, history = run_fit(problem.loss, theta_start, batch,
                              OptimConfig(name="levenberg_marquardt", steps=30, clip=None,
                                          grad_tol=1e-9),
                              progress=False, log=lambda _: None,

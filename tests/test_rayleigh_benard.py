@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import yaml
 
 from pdefit.adjoint import Revolve, StoreAll
 from pdefit.config import OptimConfig
@@ -28,6 +27,7 @@ from pdefit.system import UnstableTimeStepError, check_time_step, stepper
 from pdefit.train import run_fit
 from systems import get_system
 from systems.rayleigh_benard import ONSET, RayleighBenard, project, solve_poisson
+from tests.helpers import configured_system
 
 BOUNDARIES = ("neumann", "periodic")
 run = jax.jit(simulate, static_argnums=(0, 5, 6))
@@ -93,12 +93,7 @@ def test_poisson_solve_inverts_the_discrete_laplacian():
 
 
 def test_config_builds():
-    path = Path(__file__).resolve().parents[1] / "conf" / "system" / "rayleigh_benard.yaml"
-    cfg = yaml.safe_load(path.read_text())
-    system = get_system(cfg["name"], **cfg["options"])
-    grid = Grid(tuple(cfg["grid"]["shape"]), tuple(cfg["grid"]["spacing"]),
-                tuple(cfg["grid"]["boundaries"]))
-    params = {**{k: s.default for k, s in system.params.items()}, **cfg["params"]}
+    cfg, system, grid, params = configured_system("rayleigh_benard")
     check_time_step(system, params, grid, cfg["dt"], cfg["integrator"])
     # The velocity scale of developed convection, ~0.3 sqrt(Ra Pr), keeps dt inside the CFL.
     speed = 0.3 * math.sqrt(params["Ra"] * params["Pr"])

@@ -7,13 +7,11 @@ store-all)."""
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-import yaml
 from scipy.special import factorial, lpmv
 
 from pdefit.adjoint import LossChain, Revolve, StoreAll
@@ -30,6 +28,7 @@ from systems.sphere_ns import (
     force_node_coordinates,
     force_on_grid,
 )
+from tests.helpers import configured_system
 
 
 def sphere_grid(nlat: int, nlon: int) -> Grid:
@@ -274,12 +273,7 @@ def test_grid_validation():
 
 
 def test_config_builds():
-    path = Path(__file__).resolve().parents[1] / "conf" / "system" / "sphere_ns.yaml"
-    cfg = yaml.safe_load(path.read_text())
-    system = get_system(cfg["name"], **cfg["options"])
-    grid = Grid(tuple(cfg["grid"]["shape"]), tuple(cfg["grid"]["spacing"]),
-                tuple(cfg["grid"]["boundaries"]))
-    params = {**{k: s.default for k, s in system.params.items()}, **cfg["params"]}
+    cfg, system, grid, params = configured_system("sphere_ns")
     check_time_step(system, params, grid, cfg["dt"], cfg["integrator"])
     state = system.initial_state(grid, params, 0)
     assert cfg["dt"] < 2 * system.cfl_dt(state, params, grid)
