@@ -62,8 +62,10 @@ def trajectory_terms(chain: LossChain, x0: Any, params: Any, tangents: Any, data
             def cost_of_state(s):
                 return chain.cost(s, params, n, data)
 
-            value, gx = jax.value_and_grad(cost_of_state)(x)
-            hessian_times = jax.vmap(lambda t: jax.jvp(jax.grad(cost_of_state), (x,), (t,))[1])
+            value = cost_of_state(x)
+            # One linearisation of the gradient gives both ∇c and the Hessian–vector products.
+            gx, hessian_times_one = jax.linearize(jax.grad(cost_of_state), x)
+            hessian_times = jax.vmap(hessian_times_one)
             # A cost may also depend on the parameters directly.
             direct = jax.vmap(lambda d: jax.jvp(lambda q: chain.cost(x, q, n, data), (params,),
                                                 (d,))[1])(tangents)
