@@ -34,6 +34,7 @@ from omegaconf import DictConfig
 from . import assemble
 from .config import register_configs
 from .evaluate import lyapunov_exponent
+from .forecast import _advance
 from .rundir import register_resolvers
 from .system import stepper
 
@@ -54,14 +55,11 @@ def separation_rollout(step, k: int, n_frames: int):
 
     @jax.jit
     def run(a, b, params, t, dt):
-        def advance(state, t_start):
-            return jax.lax.fori_loop(0, k, lambda i, s: step(s, params, t_start + i * dt, dt),
-                                     state)
-
         def frame(carry, j):
             a, b = carry
             t_start = t + j * k * dt
-            a, b = advance(a, t_start), advance(b, t_start)
+            a, b = (_advance(step, a, params, t_start, dt, k),
+                    _advance(step, b, params, t_start, dt, k))
             d = jnp.sqrt(jnp.mean(jnp.stack([jnp.mean((b[f] - a[f]) ** 2) for f in a])))
             return (a, b), d
 
