@@ -18,7 +18,6 @@ numbers and the separation curve go to ``lyapunov.json`` in the run directory.
 from __future__ import annotations
 
 import json
-import logging
 import math
 import time
 from pathlib import Path
@@ -39,7 +38,6 @@ from .rundir import register_resolvers
 from .system import stepper
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
-log = logging.getLogger("pdefit")
 register_configs()
 register_resolvers()
 
@@ -76,7 +74,7 @@ def unrelated_separation(state: dict[str, Any]) -> float:
                                         for v in state.values()])))
 
 
-def estimate(cfg: DictConfig, log=log.info) -> dict[str, Any]:
+def estimate(cfg: DictConfig) -> dict[str, Any]:
     """λ, Lyapunov time and window sizes for the simulation ``cfg`` describes."""
     started = time.perf_counter()
     dtype = assemble.set_precision(cfg.precision)
@@ -108,7 +106,6 @@ def estimate(cfg: DictConfig, log=log.info) -> dict[str, Any]:
     saturated = SATURATION * unrelated_separation(state)
     run = separation_rollout(stepper(system, grid, sys_cfg.integrator), k, CHUNK)
     max_frames = MAX_WINDOWS * max(int(cfg.simulate.n_frames) - 1, 1) * steps_per_frame // k
-    t0 = 0.0
     d0 = float(np.sqrt(np.mean([np.mean((np.asarray(twin[f]) - np.asarray(state[f])) ** 2)
                                 for f in state])))
     separation = [d0]
@@ -116,7 +113,7 @@ def estimate(cfg: DictConfig, log=log.info) -> dict[str, Any]:
     t_roll = time.perf_counter()
     while len(separation) - 1 < max_frames:
         done = len(separation) - 1
-        state, twin, d = run(state, twin, p, t0 + done * interval, dt)
+        state, twin, d = run(state, twin, p, done * interval, dt)
         d = np.asarray(d, np.float64)
         separation += d.tolist()
         if not np.all(np.isfinite(d)):

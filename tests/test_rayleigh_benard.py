@@ -384,7 +384,7 @@ def test_lyapunov_tool_on_a_small_layer():
         "system.params.Ra=2e5", "system.params.Pr=1.0", "system.dt=2e-4",
         "system.options.init_spinup=0.2", "simulate.n_frames=3", "simulate.steps_per_frame=5",
         "observe.fields=[u,w]", "evaluate.field=theta", "precision=float64")
-    result = lyapunov.estimate(cfg, log=lambda _: None)
+    result = lyapunov.estimate(cfg)
     lam = result["lyapunov_exponent"]
     assert result["saturated"] and lam is not None and lam > 0
     interval = 5 * 2e-4
