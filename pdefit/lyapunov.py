@@ -97,8 +97,9 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
 
     p = {n: jnp.asarray(v, dtype) for n, v in params.items()}
     t_init = time.perf_counter()
-    state = {f: jnp.asarray(v, dtype) for f, v in
-             system.initial_state(grid, params, int(cfg.simulate.seed)).items()}
+    state = jax.block_until_ready({f: jnp.asarray(v, dtype) for f, v in
+                                   system.initial_state(grid, params,
+                                                        int(cfg.simulate.seed)).items()})
     init_wall = time.perf_counter() - t_init
     rng = np.random.default_rng(12345)
     twin = {**state, field: state[field] + jnp.asarray(
