@@ -330,15 +330,12 @@ class RayleighBenard:
     def evolve(self, state, params, grid: Grid, duration: float, safety: float = 0.5):
         """Advance by ``duration`` with adaptive steps, ``safety`` × :meth:`stable_dt` each
         (the last one shortened to land on ``duration``). One ``lax.while_loop``, jitted."""
-        diffusive = self.max_stable_dt(params, grid)
-
         def not_done(carry):
             return carry[1] < duration
 
         def one_step(carry):
             s, t = carry
-            limit = jnp.minimum(diffusive, self.cfl_dt(s, params, grid))
-            dt = jnp.minimum(safety * limit, duration - t)
+            dt = jnp.minimum(safety * self.stable_dt(s, params, grid), duration - t)
             return self.step(s, params, t, dt, grid), t + dt
 
         t0 = jnp.zeros((), jax.tree.leaves(state)[0].dtype)
