@@ -172,6 +172,8 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
         raise EvaluationError(f"evaluate.field={image!r} is not one of the compared fields "
                               f"{compare}")
 
+    # This experiment's truth and fit, per-experiment values (alignments) included.
+    p_true = assemble.experiment_params(meta, p_true, index)
     p_truth = {k: jnp.asarray(v, dtype) for k, v in p_true.items()}
     truth_step = stepper(truth_system, grid, truth_cfg.integrator)
     x_truth = {k: jnp.asarray(v, dtype) for k, v in
@@ -183,7 +185,7 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     twin = {**x_truth, image: x_truth[image] + jnp.asarray(
         ev.lyapunov_perturbation * rng.standard_normal(grid.shape), dtype)}
     x_model = jax.tree.map(lambda a: a[experiment], problem.initial_state(theta, setup.batch))
-    p_model = problem.physical_params(theta)
+    p_model = problem.experiment_params(theta, experiment)
 
     log(f"forecast {n_frames} frames every {interval} from t = {t_first} ({horizon} in all): "
         f"{truth_system.name} truth and twin, {problem.system.name} model")
