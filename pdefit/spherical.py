@@ -73,6 +73,20 @@ def epsilon(l: Any, m: Any) -> Any:
     return np.sqrt(np.clip(l**2 - m**2, 0.0, None) / np.maximum(4 * l**2 - 1, 1.0))
 
 
+def legendre_tables(lmax: int, mu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """P̄_l^m(μ) and (1 − μ²) dP̄_l^m/dμ for 0 ≤ m ≤ l ≤ lmax, each (lmax + 1, lmax + 1,
+    len(mu)) indexed [m, l, i] and zero for l < m."""
+    full = legendre_table(lmax + 1, mu)  # one degree more, for the derivative recurrence
+    l = np.arange(lmax + 1)[None, :, None]
+    m = np.arange(lmax + 1)[:, None, None]
+    legendre = full[: lmax + 1, : lmax + 1]
+    # (1 − μ²) dP̄_l^m/dμ = −l ε_{l+1}^m P̄_{l+1}^m + (l + 1) ε_l^m P̄_{l−1}^m
+    lower = np.concatenate([np.zeros_like(legendre[:, :1]), legendre[:, :-1]], axis=1)
+    dlegendre = (-l * epsilon(l + 1, m) * full[: lmax + 1, 1: lmax + 2]
+                 + (l + 1) * epsilon(l, m) * lower)
+    return legendre, np.where(l >= m, dlegendre, 0.0)
+
+
 @lru_cache(maxsize=32)
 def gaussian_grid(nlat: int, nlon: int) -> tuple[np.ndarray, np.ndarray]:
     """Colatitudes θ_i (ascending, the Gauss nodes μ_i = cos θ_i) and longitudes φ_j."""
@@ -85,15 +99,7 @@ def tables(nlat: int, nlon: int, lmax: int) -> Tables:
     """The cached constant tables of a transform."""
     x, w = np.polynomial.legendre.leggauss(nlat)
     mu, weights = x[::-1].copy(), w[::-1].copy()
-    full = legendre_table(lmax + 1, mu)  # one degree more, for the derivative recurrence
-    l = np.arange(lmax + 1)[None, :, None]
-    m = np.arange(lmax + 1)[:, None, None]
-    legendre = full[: lmax + 1, : lmax + 1]
-    # (1 − μ²) dP̄_l^m/dμ = −l ε_{l+1}^m P̄_{l+1}^m + (l + 1) ε_l^m P̄_{l−1}^m
-    lower = np.concatenate([np.zeros_like(legendre[:, :1]), legendre[:, :-1]], axis=1)
-    dlegendre = (-l * epsilon(l + 1, m) * full[: lmax + 1, 1: lmax + 2]
-                 + (l + 1) * epsilon(l, m) * lower)
-    dlegendre = np.where(l >= m, dlegendre, 0.0)
+    legendre, dlegendre = legendre_tables(lmax, mu)
     theta, phi = gaussian_grid(nlat, nlon)
     return Tables(mu=mu, weights=weights, theta=theta, phi=phi, legendre=legendre,
                   dlegendre=dlegendre)

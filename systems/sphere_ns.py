@@ -45,9 +45,8 @@ from pdefit.grid import PERIODIC, Grid
 from pdefit.params import ParamSpec
 from pdefit.spherical import (
     SphericalTransform,
-    epsilon,
     gaussian_grid,
-    legendre_table,
+    legendre_tables,
     quadratic_truncation,
 )
 
@@ -171,14 +170,10 @@ def true_force(n_times: int, n_theta: int, n_phi: int, seed: int = 0, amplitude:
     # Nodes sit on the poles, where ∂φχ/sin θ has a finite limit; a tiny offset evaluates it.
     theta = np.clip(theta, 1e-6, np.pi - 1e-6)
     mu, sin = np.cos(theta), np.sin(theta)
-    full = legendre_table(lmax + 1, mu)  # [m, l, i], one degree more for the derivative
-    legendre = full[: lmax + 1, : lmax + 1]
+    legendre, dmu = legendre_tables(lmax, mu)  # [m, l, i]
     l_idx = np.arange(lmax + 1)[None, :, None]
     m_idx = np.arange(lmax + 1)[:, None, None]
-    lower = np.concatenate([np.zeros_like(legendre[:, :1]), legendre[:, :-1]], axis=1)
-    # (1 − μ²) dP̄/dμ = −l ε_{l+1} P̄_{l+1} + (l + 1) ε_l P̄_{l−1}, and ∂θ = −(1 − μ²)∂μ / sin θ
-    dmu = (-l_idx * epsilon(l_idx + 1, m_idx) * full[: lmax + 1, 1: lmax + 2]
-           + (l_idx + 1) * epsilon(l_idx, m_idx) * lower)
+    # ∂θ = −(1 − μ²)∂μ / sin θ
     dtheta = np.where(l_idx >= m_idx, -dmu / sin, 0.0)
     s = np.linspace(-1.0, 1.0, n_times)
     time_basis = np.stack([np.polynomial.legendre.Legendre.basis(k)(s)
