@@ -164,27 +164,14 @@ def format_report(result: Mapping[str, Any]) -> str:
 def plot_force_maps(true_f: np.ndarray, fit_f: np.ndarray, system: Any, grid: Any,
                     times: np.ndarray, path: Path) -> None:
     """F_θ and F_φ, true and fitted, on a longitude–colatitude map at the middle node time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     k = len(times) // 2
     theta, _ = system.coordinates(grid)
-    extent = (0, 360, np.degrees(theta[-1]), np.degrees(theta[0]))
-    fig, axes = plt.subplots(2, 2, figsize=(10, 6), constrained_layout=True)
-    for c, label in enumerate(("F_θ", "F_φ")):
-        vmax = float(np.max(np.abs(true_f[k, c]))) or 1.0
-        for r, (what, f) in enumerate((("true", true_f), ("fitted", fit_f))):
-            ax = axes[r, c]
-            im = ax.imshow(f[k, c], extent=extent, aspect="auto", cmap="RdBu_r", vmin=-vmax,
-                           vmax=vmax)
-            ax.set_title(f"{label} {what}, t = {times[k]:.3g}")
-            ax.set_xlabel("longitude φ (°)")
-            ax.set_ylabel("colatitude θ (°)")
-            fig.colorbar(im, ax=ax)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    vmax = [float(np.max(np.abs(true_f[k, c]))) or 1.0 for c in range(2)]
+    panels = [[(f"{label} {what}, t = {times[k]:.3g}", f[k, c], vmax[c])
+               for c, label in enumerate(("F_θ", "F_φ"))]
+              for what, f in (("true", true_f), ("fitted", fit_f))]
+    _save_panels(panels, (0, 360, np.degrees(theta[-1]), np.degrees(theta[0])),
+                 "longitude φ (°)", path, figsize=(10, 6))
 
 
 def plot_force_hovmoller(true_f: np.ndarray, fit_f: np.ndarray, system: Any, grid: Any,
@@ -192,22 +179,33 @@ def plot_force_hovmoller(true_f: np.ndarray, fit_f: np.ndarray, system: Any, gri
     """The components averaged over longitude, versus colatitude and time: ⟨F_θ⟩_φ (top) and
     ⟨F_φ⟩_φ (bottom), true and fitted. A zonally symmetric F_θ(θ) θ̂ has no curl, so it does
     not act on an incompressible flow and cannot be recovered; ⟨F_φ⟩_φ can."""
+    theta, _ = system.coordinates(grid)
+    panels = []
+    for row, label in enumerate(("F_θ", "F_φ")):
+        means = (true_f[:, row].mean(axis=-1), fit_f[:, row].mean(axis=-1))
+        vmax = max(float(np.max(np.abs(m))) for m in means) or 1.0
+        panels.append([(f"⟨{label}⟩_φ {what}", mean.T, vmax)
+                       for what, mean in zip(("true", "fitted"), means, strict=True)])
+    _save_panels(panels, (times[0], times[-1], np.degrees(theta[-1]), np.degrees(theta[0])),
+                 "time", path, figsize=(10, 7), sharey=True)
+
+
+def _save_panels(panels: Sequence[Sequence[tuple[str, np.ndarray, float]]],
+                 extent: tuple[float, ...], xlabel: str, path: Path, **subplots: Any) -> None:
+    """A 2 × 2 figure of images against colatitude, ``panels[row][col] = (title, image,
+    vmax)``, each on the diverging scale ±vmax with its own colour bar."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    theta, _ = system.coordinates(grid)
-    fig, axes = plt.subplots(2, 2, figsize=(10, 7), constrained_layout=True, sharey=True)
-    extent = (times[0], times[-1], np.degrees(theta[-1]), np.degrees(theta[0]))
-    for row, label in enumerate(("F_θ", "F_φ")):
-        means = (true_f[:, row].mean(axis=-1), fit_f[:, row].mean(axis=-1))
-        vmax = max(float(np.max(np.abs(m))) for m in means) or 1.0
-        for ax, what, mean in zip(axes[row], ("true", "fitted"), means, strict=True):
-            im = ax.imshow(mean.T, extent=extent, aspect="auto", cmap="RdBu_r", vmin=-vmax,
+    fig, axes = plt.subplots(2, 2, constrained_layout=True, **subplots)
+    for row, axes_row in zip(panels, axes, strict=True):
+        for (title, image, vmax), ax in zip(row, axes_row, strict=True):
+            im = ax.imshow(image, extent=extent, aspect="auto", cmap="RdBu_r", vmin=-vmax,
                            vmax=vmax)
-            ax.set_title(f"⟨{label}⟩_φ {what}")
-            ax.set_xlabel("time")
+            ax.set_title(title)
+            ax.set_xlabel(xlabel)
             ax.set_ylabel("colatitude θ (°)")
             fig.colorbar(im, ax=ax)
     fig.savefig(path, dpi=100)
