@@ -129,8 +129,8 @@ def test_force_interpolation():
     late = force_on_grid(nodes, 9.0, times, grid)
     assert np.allclose(late[0], ends[1][0], atol=1e-14)
     # Constant nodes give a constant field, linear-in-θ nodes a linear field.
-    theta_nodes, phi_nodes = force_node_coordinates(5, 8)
-    theta, phi = SphereNS().coordinates(grid)
+    theta_nodes, _ = force_node_coordinates(5, 8)
+    theta, _ = SphereNS().coordinates(grid)
     linear = np.broadcast_to(theta_nodes[:, None], (5, 8))
     f_theta, f_phi = force_on_grid(np.stack([linear, np.ones((5, 8))])[None], 0.0, [0.0], grid)
     assert np.allclose(f_theta, theta[:, None], atol=1e-13)
@@ -143,7 +143,6 @@ def test_force_interpolation():
     shifted = force_on_grid(nodes[:1], 0.0, [0.0], grid, azimuth=2 * np.pi / 8)
     rolled = force_on_grid(np.roll(nodes[:1], 1, axis=-1), 0.0, [0.0], grid)
     assert np.allclose(shifted[0], rolled[0], atol=1e-13)
-    del phi, phi_nodes
 
 
 # ---------------------------------------------------------------------------------------------
