@@ -184,9 +184,8 @@ def true_force(n_times: int, n_theta: int, n_phi: int, seed: int = 0, amplitude:
     coeffs = coeffs / (1.0 + np.arange(time_modes))[:, None, None]  # slower modes dominate
     c_t = np.einsum("kt,kml->tml", time_basis, coeffs)
     wave = np.exp(1j * np.arange(lmax + 1)[:, None] * phi[None, :])  # (m, φ)
-    m = np.arange(lmax + 1)[:, None, None]
     # χ = Re Σ c_lm P̄ e^{imφ}; F_θ = −∂φχ/sin θ, F_φ = ∂θχ
-    f_theta = -np.real(np.einsum("tml,mli,mj->tij", c_t * 1j * m[None, :, :, 0], legendre,
+    f_theta = -np.real(np.einsum("tml,mli,mj->tij", c_t * 1j * m_idx[None, :, :, 0], legendre,
                                  wave)) / sin[None, :, None]
     f_phi = np.real(np.einsum("tml,mli,mj->tij", c_t, dtheta, wave))
     force = np.stack([f_theta, f_phi], axis=1)
