@@ -69,7 +69,13 @@ def load_fitted(path: Path, dtype: Any) -> dict[str, dict[str, jnp.ndarray]]:
 # -- the joint rollout --------------------------------------------------------------------------
 
 
-def _advance(step: Callable, state, params, t0, dt, n_steps: int):
+def rms_separation(a: Mapping[str, Any], b: Mapping[str, Any]) -> jnp.ndarray:
+    """The RMS difference of two states over all their fields (each field weighted alike)."""
+    return jnp.sqrt(jnp.mean(jnp.stack([jnp.mean((b[f] - a[f]) ** 2) for f in a])))
+
+
+def advance(step: Callable, state, params, t0, dt, n_steps: int):
+    """``n_steps`` steps of ``step`` from time ``t0`` (a ``fori_loop``, for use inside jit)."""
     def body(i, s):
         return step(s, params, t0 + i * dt, dt)
     return jax.lax.fori_loop(0, n_steps, body, state)
@@ -91,16 +97,15 @@ def forecast_rollout(truth_step: Callable, model_step: Callable, k_truth: int, k
                 "mae": jnp.stack([jnp.mean(jnp.abs(model[f] - truth[f])) for f in compare]),
                 "low": jnp.stack([jnp.min(truth[f]) for f in compare]),
                 "high": jnp.stack([jnp.max(truth[f]) for f in compare]),
-                "separation": jnp.sqrt(jnp.mean(jnp.stack(
-                    [jnp.mean((twin[f] - truth[f]) ** 2) for f in truth]))),
+                "separation": rms_separation(truth, twin),
                 "truth_image": truth[image],
                 "model_image": model[image],
             }
             t_t = t_truth + j * k_truth * dt_truth
             t_m = t_model + j * k_model * dt_model
-            carry = (_advance(truth_step, truth, p_truth, t_t, dt_truth, k_truth),
-                     _advance(model_step, model, p_model, t_m, dt_model, k_model),
-                     _advance(truth_step, twin, p_truth, t_t, dt_truth, k_truth))
+            carry = (advance(truth_step, truth, p_truth, t_t, dt_truth, k_truth),
+                     advance(model_step, model, p_model, t_m, dt_model, k_model),
+                     advance(truth_step, twin, p_truth, t_t, dt_truth, k_truth))
             return carry, out
 
         return jax.lax.scan(frame, (truth, model, twin), jnp.arange(n_frames))[1]
@@ -179,7 +184,7 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     x_truth = {k: jnp.asarray(v, dtype) for k, v in
                truth_system.initial_state(grid, p_true, cfg.simulate.seed + index).items()}
     start_steps = round(t_first / float(truth_cfg.dt))
-    x_truth = jax.jit(_advance, static_argnums=(0, 5))(
+    x_truth = jax.jit(advance, static_argnums=(0, 5))(
         truth_step, x_truth, p_truth, 0.0, float(truth_cfg.dt), start_steps)
     rng = np.random.default_rng(12345)
     twin = {**x_truth, image: x_truth[image] + jnp.asarray(

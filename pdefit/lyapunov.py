@@ -33,7 +33,7 @@ from omegaconf import DictConfig
 from . import assemble
 from .config import register_configs
 from .evaluate import lyapunov_exponent
-from .forecast import _advance
+from .forecast import advance, rms_separation
 from .rundir import register_resolvers
 from .system import stepper
 
@@ -56,9 +56,9 @@ def separation_rollout(step, k: int, n_frames: int):
         def frame(carry, j):
             a, b = carry
             t_start = t + j * k * dt
-            a, b = (_advance(step, a, params, t_start, dt, k),
-                    _advance(step, b, params, t_start, dt, k))
-            d = jnp.sqrt(jnp.mean(jnp.stack([jnp.mean((b[f] - a[f]) ** 2) for f in a])))
+            a, b = (advance(step, a, params, t_start, dt, k),
+                    advance(step, b, params, t_start, dt, k))
+            d = rms_separation(a, b)
             return (a, b), d
 
         (a, b), d = jax.lax.scan(frame, (a, b), jnp.arange(n_frames))
