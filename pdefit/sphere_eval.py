@@ -82,10 +82,10 @@ def alignment_errors(fitted: np.ndarray, truth: np.ndarray, angle: bool) -> dict
 def observed_region(ds: zd.Dataset, fields: Sequence[str], experiments: Sequence[int],
                     ) -> np.ndarray:
     """(nlat, nlon) weights 1 where any observed field is observed in any selected frame."""
-    region = np.zeros(ds.meta.grid_shape, bool)
     masked = [f for f in fields if ds.has_mask(f)]
     if not masked:
         return np.ones(ds.meta.grid_shape)
+    region = np.zeros(ds.meta.grid_shape, bool)
     for name in masked:
         region |= np.any(ds.read_mask(name, list(experiments)), axis=(0, 1))
     return region.astype(np.float64)
