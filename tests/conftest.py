@@ -18,3 +18,13 @@ def _restore_precision():
     before = jax.config.jax_enable_x64
     yield
     jax.config.update("jax_enable_x64", before)
+
+
+@pytest.fixture
+def no_training(monkeypatch):
+    """Fail the test if the optimiser loop (where compilation happens) is ever reached."""
+    from pdefit import cli
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("bad input reached the training loop")
+    monkeypatch.setattr(cli, "run_fit", forbidden)

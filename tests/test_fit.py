@@ -35,14 +35,6 @@ def config(tmp_path: Path, *overrides: str, name: str = "fit"):
                        if name == "fit" else list(overrides))
 
 
-@pytest.fixture
-def no_training(monkeypatch):
-    """Fail the test if the optimiser loop (where compilation happens) is ever reached."""
-    def forbidden(*args, **kwargs):
-        raise AssertionError("bad input reached the training loop")
-    monkeypatch.setattr(cli, "run_fit", forbidden)
-
-
 @pytest.fixture(scope="module")
 def small_dataset(tmp_path_factory) -> Path:
     """A simulated 20×20 AP dataset (4 frames) shared by the bad-input tests."""

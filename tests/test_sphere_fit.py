@@ -153,7 +153,7 @@ def test_small_recovery(tmp_path, tiny_dataset):
     print(result["force"], result["force_azimuth"]["rms_error"],
           result["force_time_shift"]["rms_error"], f"{wall:.1f} s")
     assert result["force"]["correlation"] >= 0.9, result
-    assert result["force_azimuth"]["rms_error"] < 0.1, result
+    assert result["force_azimuth"]["rms_error"] < 0.02, result
     # The true shifts have RMS ≈ 0.05 (azimuths ≈ 0.25): an unmoved start must fail here.
     assert result["force_time_shift"]["rms_error"] < 0.02, result
     assert summary["best_loss"] < 0.05 * summary["initial_loss"]
@@ -184,13 +184,6 @@ def test_growing_cap_mask(tmp_path):
 
 # ---------------------------------------------------------------------------------------------
 # Bad configs fail before training.
-
-
-@pytest.fixture
-def no_training(monkeypatch):
-    def forbidden(*args, **kwargs):
-        raise AssertionError("bad input reached the training loop")
-    monkeypatch.setattr(cli, "run_fit", forbidden)
 
 
 @pytest.mark.parametrize(("override", "message"), [
