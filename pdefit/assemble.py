@@ -24,7 +24,7 @@ from .integrate import INTEGRATORS, simulate
 from .observe import LOSSES, Observation, observable_names, observed_data
 from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
-from .problem import Batch, FitProblem, Regularization
+from .problem import Batch, FitProblem, Regularization, system_penalties
 from .system import System, check_time_step, default_params, stepper
 
 
@@ -533,7 +533,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
         system=system, grid=grid, dt=float(cfg.system.dt), integrator=cfg.system.integrator,
         n_steps=n_steps, layout=layout, observation=observation, schedule=schedule,
         fitted_fields=fitted_fields, t0=float(meta.times[frames[0]]) / time_scale,
-        regularization=make_regularization(cfg, layout), domain=domain)
+        regularization=make_regularization(cfg, layout, system, grid), domain=domain)
     if n_steps == 0:
         raise ConfigError("the training window has no time steps: use at least two frames")
     batch = Batch(observed, initial)
@@ -542,11 +542,13 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
                     reference, reads)
 
 
-def make_regularization(cfg: FitConfig, layout: ParameterLayout) -> Regularization:
-    """The penalties of ``cfg.regularization``, their parameter names checked."""
+def make_regularization(cfg: FitConfig, layout: ParameterLayout, system: Any = None,
+                        grid: Any = None) -> Regularization:
+    """The penalties of ``cfg.regularization``, their parameter and penalty names checked."""
     reg = cfg.regularization
     param_l2 = dict(getattr(reg, "param_l2", None) or {})
     smooth = dict(getattr(reg, "smoothness", None) or {})
+    system_terms = dict(getattr(reg, "system", None) or {})
     for key, names in (("param_l2", param_l2), ("smoothness", smooth)):
         unknown = sorted(set(names) - set(layout.fitted))
         if unknown:
@@ -556,9 +558,17 @@ def make_regularization(cfg: FitConfig, layout: ParameterLayout) -> Regularizati
     if scalar:
         raise ConfigError(f"regularization.smoothness: {scalar} are scalars; smoothness applies "
                           "to array parameters")
+    if system_terms:
+        offered = system_penalties(system, grid) if system is not None else {}
+        unknown = sorted(set(system_terms) - set(offered))
+        if unknown:
+            raise ConfigError(f"regularization.system: {unknown} are not penalties of "
+                              f"{getattr(system, 'name', 'the system')} (it has "
+                              f"{sorted(offered) or 'none'})")
     return Regularization(float(reg.params), float(reg.fields),
                           tuple(sorted((k, float(v)) for k, v in param_l2.items())),
-                          tuple(sorted((k, float(v)) for k, v in smooth.items())))
+                          tuple(sorted((k, float(v)) for k, v in smooth.items())),
+                          tuple(sorted((k, float(v)) for k, v in system_terms.items())))
 
 
 def _state_from_first_frames(system: System, grid: Grid, ds: zd.Dataset, data_fields: Any,

@@ -150,6 +150,7 @@ class RegularizationConfig:
     fields: float = 0.0
     param_l2: dict[str, float] = field(default_factory=dict)  # per-parameter L2 weight
     smoothness: dict[str, float] = field(default_factory=dict)  # array parameter -> weight
+    system: dict[str, float] = field(default_factory=dict)  # system.penalties(grid) name -> weight
 
 
 @dataclass

@@ -38,12 +38,15 @@ class Regularization:
     array or per-experiment parameter (so a scalar's term is unchanged); ``param_l2``
     overrides that weight per parameter name. ``fields``: weight of the mean square of fitted
     fields. ``smoothness``: per array parameter, weight of the mean squared difference of
-    neighbouring nodes, summed over its spec's ``smooth_axes`` (wrapping on periodic ones)."""
+    neighbouring nodes, summed over its spec's ``smooth_axes`` (wrapping on periodic ones).
+    ``system``: weights of the system's own penalties (:func:`system_penalties`), functions of
+    the physical parameters; averaged over experiments when they read per-experiment ones."""
 
     params: float = 0.0
     fields: float = 0.0
     param_l2: tuple[tuple[str, float], ...] = ()
     smoothness: tuple[tuple[str, float], ...] = ()
+    system: tuple[tuple[str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,11 @@ class FitProblem:
         if scalar:
             raise ValueError(f"smoothness penalty on scalar parameter(s) {scalar}: it applies "
                              "to array parameters only")
+        offered = system_penalties(self.system, self.grid)
+        unknown = [n for n, _ in self.regularization.system if n not in offered]
+        if unknown:
+            raise ValueError(f"unknown system penalt(ies) {unknown} for {self.system.name} "
+                             f"(it has {sorted(offered)})")
 
     # -- pieces ---------------------------------------------------------------------------------
 
@@ -173,6 +181,14 @@ class FitProblem:
         if reg.fields:
             for field in theta.get("fields", {}).values():
                 total = total + reg.fields * jnp.mean(field**2)
+        if reg.system:
+            offered = system_penalties(self.system, self.grid)
+            shared, own = self.layout.split(self.physical_params(theta))
+            for name, weight in reg.system:
+                term = offered[name]
+                value = (jnp.mean(jax.vmap(lambda o, term=term: term({**shared, **o}))(own))
+                         if own else term(shared))
+                total = total + weight * value
         return total
 
     def loss(self, theta: Mapping[str, Any], batch: Batch) -> jnp.ndarray:
@@ -180,6 +196,13 @@ class FitProblem:
 
     def value_and_grad(self, theta: Mapping[str, Any], batch: Batch):
         return jax.value_and_grad(self.loss)(theta, batch)
+
+
+def system_penalties(system: System, grid: Grid) -> dict[str, Any]:
+    """The system's own penalties, name → function of the physical parameters (none if the
+    system declares no ``penalties(grid)``)."""
+    declared = getattr(system, "penalties", None)
+    return dict(declared(grid)) if declared is not None else {}
 
 
 def smoothness(z: jnp.ndarray, axes: Any, periodic: Any = ()) -> jnp.ndarray:

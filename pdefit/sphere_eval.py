@@ -4,9 +4,12 @@ were recovered, and plots of the force.
 
 The force is compared on the simulation grid (both truth and fit interpolated from their
 nodes), over the observed region (points observed in any frame of any experiment; all of
-the sphere without masks) and the node times the data reach, with area weights. Two numbers:
-the correlation of the force vectors themselves, and of their curls, the part of a force an
-incompressible flow responds to (the gradient part is balanced by pressure and is invisible).
+the sphere without masks) and the node times the data reach, with area weights. Three numbers:
+the correlation of the force vectors themselves; of their divergence-free (solenoidal) parts,
+the part of a force an incompressible flow responds to (the gradient part is balanced by
+pressure and is invisible, so without a gauge penalty such as the system's
+``force_gradient`` a fit may carry any gradient part); and of their curls, which weigh small
+scales more. The share of the fitted force's mean square in its gradient part is reported too.
 
 Alignments are only determined up to a common offset when the shared force can absorb it
 (rotating every experiment by c and the force by −c changes nothing), so errors are given
@@ -47,6 +50,19 @@ def curls(system: Any, grid: Any, fields: np.ndarray) -> np.ndarray:
     return np.asarray(transform.synthesis(transform.curl_analysis(f[..., 0, :, :],
                                                                   f[..., 1, :, :],
                                                                   system.radius)))
+
+
+def helmholtz_parts(system: Any, grid: Any, fields: np.ndarray,
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """(solenoidal, gradient) parts of fields (..., 2, nlat, nlon), each of that shape."""
+    from systems.sphere_ns import gradient_part, solenoidal_part
+
+    transform = system.transform(grid)
+    f = jnp.asarray(fields)
+    parts = [np.stack(np.asarray(part(transform, f[..., 0, :, :], f[..., 1, :, :],
+                                      system.radius)), axis=-3)
+             for part in (solenoidal_part, gradient_part)]
+    return parts[0], parts[1]
 
 
 def weighted_correlation(a: np.ndarray, b: np.ndarray, weights: np.ndarray) -> float:
@@ -125,8 +141,13 @@ def evaluate_force_fit(problem: Any, theta: Mapping[str, Any], dataset: Path,
         spacing = (times[1] - times[0]) if len(times) > 1 else np.inf
         seen = (times >= t_lo - spacing) & (times <= t_hi + spacing)
         w = area[None, None] * seen[:, None, None, None]
+        true_solenoidal, _ = helmholtz_parts(system, grid, true_f)
+        fit_solenoidal, fit_gradient = helmholtz_parts(system, grid, fit_f)
         result["force"] = {
             "correlation": weighted_correlation(fit_f, true_f, w),
+            "solenoidal_correlation": weighted_correlation(fit_solenoidal, true_solenoidal, w),
+            "gradient_share_fitted": float((w * fit_gradient**2).sum()
+                                           / max((w * fit_f**2).sum(), 1e-300)),
             "curl_correlation": weighted_correlation(
                 curls(system, grid, fit_f), curls(system, grid, true_f), w[:, 0]),
             "node_correlation": weighted_correlation(fitted_nodes, true_nodes, 1.0),
@@ -145,9 +166,11 @@ def format_report(result: Mapping[str, Any]) -> str:
     lines = []
     if "force" in result:
         f = result["force"]
-        lines.append(f"force: correlation {f['correlation']:.4f} (curl {f['curl_correlation']:.4f}"
-                     f", nodes {f['node_correlation']:.4f}); RMS fitted {f['rms_fitted']:.3g} vs "
-                     f"true {f['rms_true']:.3g}")
+        lines.append(f"force: correlation {f['correlation']:.4f} (solenoidal part "
+                     f"{f['solenoidal_correlation']:.4f}, curl {f['curl_correlation']:.4f}, "
+                     f"nodes {f['node_correlation']:.4f}); RMS fitted {f['rms_fitted']:.3g} vs "
+                     f"true {f['rms_true']:.3g}; gradient part {f['gradient_share_fitted']:.2%} "
+                     "of the fitted mean square")
     for name, unit in (("force_azimuth", "rad"), ("force_time_shift", "time")):
         if name in result:
             e = result[name]

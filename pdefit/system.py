@@ -13,7 +13,10 @@ closed over by jitted functions. It provides:
   :func:`check_time_step`, and the configured integrator is ignored);
 - optionally ``cfl_dt(state, params, grid)``: a state-dependent advective limit, for systems
   whose stability depends on the flow (it cannot be checked before there is a state);
-- ``initial_state(grid, params, seed)``: a seeded generator of a typical state.
+- ``initial_state(grid, params, seed)``: a seeded generator of a typical state;
+- optionally ``penalties(grid)``: name → function of the physical parameters returning a
+  scalar, priors only the physics can state (e.g. "the force has no gradient part"), weighted
+  by ``regularization.system`` in a fit.
 
 Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call collectives.
 """

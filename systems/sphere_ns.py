@@ -193,6 +193,29 @@ def true_force(n_times: int, n_theta: int, n_phi: int, seed: int = 0, amplitude:
     return force * (amplitude / rms if rms > 0 else 0.0)
 
 
+def gradient_part(transform: SphericalTransform, f_theta: Any, f_phi: Any, radius: float = 1.0,
+                  ) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The curl-free part ∇ξ of a tangential field F = ∇ξ + r̂ × ∇χ (Helmholtz–Hodge on the
+    sphere: ∇²ξ = ∇·F), band-limited at the transform's truncation."""
+    xi = transform.inverse_laplacian(transform.divergence_analysis(f_theta, f_phi, radius), radius)
+    return transform.gradient(xi, radius)
+
+
+def solenoidal_part(transform: SphericalTransform, f_theta: Any, f_phi: Any,
+                    radius: float = 1.0) -> tuple[jnp.ndarray, jnp.ndarray]:
+    """The divergence-free part r̂ × ∇χ of F (∇²χ = r̂·curl F): all an incompressible flow
+    responds to, band-limited at the transform's truncation."""
+    chi = transform.inverse_laplacian(transform.curl_analysis(f_theta, f_phi, radius), radius)
+    return transform.rotated_gradient(chi, radius)
+
+
+def area_mean(transform: SphericalTransform, f: Any) -> jnp.ndarray:
+    """The mean of f over the sphere and any leading axes, by Gauss–Legendre quadrature in
+    latitude (exact for products of two degree-L fields on a quadratic grid)."""
+    weights = jnp.asarray(transform.tables.weights[:, None] / 2.0, jnp.result_type(f))
+    return jnp.mean(jnp.sum(jnp.mean(f, axis=-1, keepdims=True) * weights, axis=(-2, -1)))
+
+
 # ---------------------------------------------------------------------------------------------
 # The system.
 
@@ -351,6 +374,25 @@ class SphereNS:
             raise ValueError(f"{self.name} makes synthetic values only for 'force' (with "
                              f"force_nodes set), not {name!r}")
         return true_force(*self.force_nodes, seed=seed, **options)
+
+    def penalties(self, grid: Grid) -> dict[str, Any]:
+        """With a fittable force: ``force_gradient``, the mean over the force's node times of
+        the area mean of |∇ξ|², ∇ξ the gradient (curl-free) part of the interpolated force
+        (:func:`gradient_part`). That part is balanced by pressure, so the data say nothing
+        about it; the penalty picks the force without one, as a gauge choice."""
+        if not self.force_nodes:
+            return {}
+        transform = self.transform(grid)
+
+        def force_gradient(params: dict[str, Any]) -> jnp.ndarray:
+            nodes = jnp.asarray(params["force"])
+            times = self.force_times(nodes.shape[0])
+            fields = jnp.stack([jnp.stack(force_on_grid(nodes, t, times, grid))
+                                for t in times])  # at the nodes: no time interpolation
+            g_theta, g_phi = gradient_part(transform, fields[:, 0], fields[:, 1], self.radius)
+            return area_mean(transform, g_theta**2 + g_phi**2)
+
+        return {"force_gradient": force_gradient}
 
     def force_curl(self, params: dict[str, Any], t: Any, grid: Grid,
                    transform: SphericalTransform) -> jnp.ndarray | None:

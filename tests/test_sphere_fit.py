@@ -145,18 +145,25 @@ def test_experiments_mesh_equals_single_device(tmp_path, tiny_dataset, store_all
 
 
 def test_small_recovery(tmp_path, tiny_dataset):
+    """The experiment's own fit (L-BFGS, the force_gradient gauge penalty) on the tiny case.
+    Without the penalty the raw force correlation stays near 0.93–0.96 whatever the
+    optimiser, because the fit picks up a gradient part the flow cannot see (measured 7–10 %
+    of the fitted mean square); the solenoidal part is recovered either way."""
     start = time.perf_counter()
-    summary = cli.fit(config(tmp_path, *TINY, f"data.path={tiny_dataset}", "optim.steps=150",
-                             "optim.lr=0.05", "precision=float32"))
+    summary = cli.fit(config(tmp_path, *TINY, f"data.path={tiny_dataset}", "optim.steps=100",
+                             "precision=float32"))
     wall = time.perf_counter() - start
     result = summary["sphere_force"]
     print(result["force"], result["force_azimuth"]["rms_error"],
           result["force_time_shift"]["rms_error"], f"{wall:.1f} s")
-    assert result["force"]["correlation"] >= 0.9, result
-    assert result["force_azimuth"]["rms_error"] < 0.02, result
-    # The true shifts have RMS ≈ 0.05 (azimuths ≈ 0.25): an unmoved start must fail here.
-    assert result["force_time_shift"]["rms_error"] < 0.02, result
-    assert summary["best_loss"] < 0.05 * summary["initial_loss"]
+    force = result["force"]
+    assert force["correlation"] >= 0.97, result
+    assert force["solenoidal_correlation"] >= 0.97, result
+    assert force["gradient_share_fitted"] < 0.01, result
+    # The true azimuths have RMS ≈ 0.25 and the shifts ≈ 0.05: an unmoved start fails here.
+    assert result["force_azimuth"]["rms_error"] < 0.005, result
+    assert result["force_time_shift"]["rms_error"] < 0.01, result
+    assert summary["best_loss"] < 0.01 * summary["initial_loss"]
 
 
 def test_growing_cap_mask(tmp_path):
@@ -193,6 +200,7 @@ def test_growing_cap_mask(tmp_path):
     ("observe.fields=[u_r]", "observables"),
     ("+regularization.smoothness.force_azimuth=1.0", "scalar"),
     ("+regularization.param_l2.Omega=1.0", "not fitted"),
+    ("++regularization.system.force_divergence=1.0", "not penalties of sphere_ns"),
     ("system.options.force_nodes=[3,5]", "force_nodes"),
 ])
 def test_bad_config_is_rejected_before_training(tmp_path, tiny_dataset, no_training, override,

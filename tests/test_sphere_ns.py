@@ -24,9 +24,13 @@ from pdefit.system import check_time_step, stepper
 from systems import get_system
 from systems.sphere_ns import (
     SphereNS,
+    area_mean,
     cubic_interpolation_matrix,
     force_node_coordinates,
     force_on_grid,
+    gradient_part,
+    solenoidal_part,
+    true_force,
 )
 from tests.helpers import configured_system
 
@@ -114,6 +118,59 @@ def test_curl_of_a_force_from_a_stream_function():
     u_theta, u_phi = system.velocity(zeta)
     ref_theta, ref_phi = transform.rotated_gradient(chi, radius)  # the mean of χ has no flow
     assert np.abs(u_theta - ref_theta).max() < 1e-12 and np.abs(u_phi - ref_phi).max() < 1e-12
+
+
+def test_helmholtz_parts_and_area_mean():
+    """F = r̂ × ∇χ + ∇ξ splits back into its two parts to round-off, and the quadrature mean
+    of a product of band-limited fields is exact: ⟨|F|²⟩ = ⟨|r̂ × ∇χ|²⟩ + ⟨|∇ξ|²⟩ (the parts
+    are L²-orthogonal), and ⟨Y²⟩ = 1/(4π) for a unit-normalised Y_2^1 written with our
+    (∫P̄² dμ = 1) tables as P̄ cos φ/√π."""
+    transform, radius = SphericalTransform(12, 24), 2.5
+    chi, xi = band_limited(transform, 3), band_limited(transform, 4)
+    rot = transform.rotated_gradient(chi, radius)
+    grad = transform.gradient(xi, radius)
+    f_theta, f_phi = rot[0] + grad[0], rot[1] + grad[1]
+    scale = float(np.abs(jnp.stack(rot)).max())
+    for got, want in ((solenoidal_part(transform, f_theta, f_phi, radius), rot),
+                      (gradient_part(transform, f_theta, f_phi, radius), grad)):
+        for g, w in zip(got, want, strict=True):
+            assert np.abs(g - w).max() < 1e-12 * scale
+    total = area_mean(transform, f_theta**2 + f_phi**2)
+    parts = (area_mean(transform, rot[0]**2 + rot[1]**2)
+             + area_mean(transform, grad[0]**2 + grad[1]**2))
+    assert abs(total - parts) < 1e-12 * total
+    y = harmonic(transform, 2, 1) / np.sqrt(np.pi)
+    assert abs(area_mean(transform, jnp.asarray(y**2)) - 1 / (4 * np.pi)) < 1e-14
+
+
+def test_force_gradient_penalty():
+    """The system's ``force_gradient`` penalty: the mean square of the force's curl-free part
+    at its node times. A divergence-free truth has almost none (only what interpolating nodes
+    adds), a force made of a gradient is almost all of it; without force nodes there is no
+    penalty."""
+    system, grid = SphereNS(force_nodes=(4, 11, 15), force_start=0.0, force_end=3.0), \
+        sphere_grid(16, 32)
+    penalty = system.penalties(grid)["force_gradient"]
+    transform = system.transform(grid)
+    times = system.force_times(4)
+
+    def mean_square(nodes):
+        f = jnp.stack([jnp.stack(force_on_grid(nodes, t, times, grid)) for t in times])
+        return float(area_mean(transform, f[:, 0]**2 + f[:, 1]**2))
+
+    solenoidal = jnp.asarray(true_force(4, 11, 15, seed=3))
+    assert float(penalty({"force": solenoidal})) < 1e-4 * mean_square(solenoidal)
+    # F = ∇ξ for ξ = P̄_2^1(cos θ) cos φ: F_θ = ∂θξ, F_φ = −m P̄ sin φ / sin θ.
+    theta, phi = force_node_coordinates(11, 15)
+    inner = np.clip(theta, 1e-6, np.pi - 1e-6)
+    mu, sin = np.cos(inner), np.sin(inner)
+    p21 = -np.sqrt(15 / 4) * mu * sin  # P̄_2^1 without Condon–Shortley phase, up to sign
+    dp21 = -np.sqrt(15 / 4) * np.cos(2 * inner)
+    f_theta = dp21[:, None] * np.cos(phi)[None, :]
+    f_phi = -(p21 / sin)[:, None] * np.sin(phi)[None, :]
+    gradient = jnp.asarray(np.broadcast_to(np.stack([f_theta, f_phi]), (4, 2, 11, 15)))
+    assert float(penalty({"force": gradient})) > 0.95 * mean_square(gradient)
+    assert SphereNS().penalties(grid) == {}
 
 
 def test_force_interpolation():
