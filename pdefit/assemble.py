@@ -5,6 +5,7 @@ offending key or value."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -19,6 +20,7 @@ from . import data as zd
 from .adjoint import Nested, Revolve, Schedule, StoreAll, snapshots_for_budget
 from .config import AdjointConfig, FitConfig, MeshConfig, SystemConfig
 from .domain import FIELD, FRAMES, PER_EXPERIMENT, REPLICATED, Domain
+from .fitted import FittedFileError, fitted_path, read_fitted
 from .grid import Grid
 from .integrate import INTEGRATORS, simulate
 from .observe import LOSSES, Observation, observable_names, observed_data
@@ -26,6 +28,8 @@ from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
 from .problem import Batch, FitProblem, Regularization, system_penalties
 from .system import System, check_time_step, default_params, stepper
+
+log = logging.getLogger("pdefit")
 
 
 class ConfigError(ValueError):
@@ -483,6 +487,8 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
         spec = system.params.get(name)
         if spec is not None and (spec.shape or name in per_experiment):
             start_values[name] = spec.full(spec.default)
+    warm = _warm_start(cfg, system, fitted, per_experiment, len(experiments))
+    start_values.update(warm["physical"])
     for name, value in dict(cfg.fit.start).items():
         start_values[name] = value
     unknown = sorted((set(cfg.fit.start) | set(fitted)) - set(system.params))
@@ -517,6 +523,13 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
             guess = from_observed[name]
         if guess is None:
             guess = jnp.zeros((len(experiments), *grid.shape), dtype)
+        previous = warm["fields"].get(name)
+        if previous is not None and previous.shape == (len(experiments), *grid.shape):
+            guess = jnp.asarray(previous, dtype)
+        elif previous is not None:
+            log.warning(f"fit.start_from: the fitted field {name!r} has shape "
+                        f"{previous.shape}, this fit's is {(len(experiments), *grid.shape)}: "
+                        "it starts as without start_from")
         fields0[name] = guess
     theta0 = {"params": z0, "fields": fields0}
     if domain is not None:
@@ -540,6 +553,38 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
     # The table of start/recovered values shows numbers: shared scalars only.
     return FitSetup(problem, batch, theta0, {n: float(start_values[n]) for n in layout.scalars},
                     reference, reads)
+
+
+def _warm_start(cfg: FitConfig, system: System, fitted: list[str], per_experiment: list[str],
+                n_experiments: int) -> dict[str, dict[str, Any]]:
+    """{"physical": start values, "fields": fitted fields} of ``fit.start_from`` (empty
+    without it), for the parameters this fit fits; shapes checked against this fit's."""
+    location = getattr(cfg.fit, "start_from", None)
+    if not location:
+        return {"physical": {}, "fields": {}}
+    try:
+        stored = read_fitted(Path(location))
+    except FittedFileError as err:
+        raise ConfigError(f"fit.start_from: {err}") from None
+    if not stored["physical"] and stored["params"]:
+        raise ConfigError(f"fit.start_from: {fitted_path(Path(location))} holds no physical "
+                          "values (written by an older pdefit); refit it to use it as a start")
+    physical = {}
+    for name in fitted:
+        if name not in stored["physical"] or name not in system.params:
+            continue
+        value = stored["physical"][name]
+        shape = tuple(system.params[name].shape)
+        want = (n_experiments, *shape) if name in per_experiment else shape
+        if value.shape != want:
+            raise ConfigError(f"fit.start_from: {name!r} there has shape {value.shape}, this "
+                              f"fit needs {want}")
+        physical[name] = float(value) if not want else value
+    if not physical and not stored["fields"]:
+        raise ConfigError(f"fit.start_from: {fitted_path(Path(location))} fitted none of "
+                          f"{fitted}")
+    log.info(f"fit.start_from {location}: {sorted(physical)} start from its values")
+    return {"physical": physical, "fields": stored["fields"]}
 
 
 def make_regularization(cfg: FitConfig, layout: ParameterLayout, system: Any = None,

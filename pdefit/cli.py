@@ -23,7 +23,7 @@ from . import data as zd
 from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import register_configs
 from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
-from .forecast import FITTED_FILE, save_fitted
+from .fitted import FITTED_FILE, save_fitted
 from .gauss_newton import gauss_newton
 from .gradcheck import taylor_test
 from .influence import format_ranking, rank_parameters, write_ranking
@@ -131,7 +131,9 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
                      f"{setup.problem.n_steps} steps): loss {history.losses[0]:.3e} → "
                      f"{history.best_loss:.3e}")
     problem = setup.problem
-    save_fitted(out / FITTED_FILE, theta)  # for pdefit-evaluate
+    physical = {k: v for k, v in problem.physical_params(theta).items()
+                if k in problem.layout.fitted}
+    save_fitted(out / FITTED_FILE, theta, physical)  # for pdefit-evaluate and fit.start_from
     recovered = {k: float(v) for k, v in _describe(problem, theta).items()}
     rows = parameter_table(problem.layout.scalars, first.start_values, recovered,
                            setup.reference)

@@ -33,37 +33,12 @@ from .evaluate import (
     plot_traces,
     validity_horizon,
 )
-from .parallel import host_array
+from .fitted import FITTED_FILE, FittedFileError, load_fitted
 from .system import stepper
-
-FITTED_FILE = "fitted.npz"
 
 
 class EvaluationError(ValueError):
     """A run that cannot be evaluated (unfinished, or without a known truth)."""
-
-
-# -- the fitted θ on disk -----------------------------------------------------------------------
-
-
-def save_fitted(path: Path, theta: Mapping[str, Any]) -> None:
-    """θ (unconstrained parameters and fitted initial fields) as one ``.npz``. Every process
-    must call this (gathering a sharded field is collective); only process 0 writes."""
-    arrays = {f"{group}/{name}": host_array(value)
-              for group in ("params", "fields") for name, value in theta.get(group, {}).items()}
-    if jax.process_index() == 0:
-        np.savez(path, **arrays)
-
-
-def load_fitted(path: Path, dtype: Any) -> dict[str, dict[str, jnp.ndarray]]:
-    if not path.exists():
-        raise EvaluationError(f"{path} does not exist: evaluate a run whose fit has finished")
-    theta: dict[str, dict[str, jnp.ndarray]] = {"params": {}, "fields": {}}
-    with np.load(path) as stored:
-        for key in stored.files:
-            group, name = key.split("/", 1)
-            theta[group][name] = jnp.asarray(stored[key], dtype)
-    return theta
 
 
 # -- the joint rollout --------------------------------------------------------------------------
@@ -152,7 +127,10 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
             "runs on simulated data (data.path unset). Recorded datasets are not supported yet.")
     setup = assemble.build_fit(cfg, run_dir / "data.zarr", dtype)
     problem = setup.problem
-    theta = load_fitted(run_dir / FITTED_FILE, dtype)
+    try:
+        theta = load_fitted(run_dir / FITTED_FILE, dtype)
+    except FittedFileError as err:
+        raise EvaluationError(str(err)) from None
 
     # The truth: the data-making system from its seeded initial state, at the window's start.
     meta, truth_system, grid, p_true = assemble.dataset_meta(cfg)

@@ -166,3 +166,44 @@ def test_parameter_layout_rejects_unknown_transform():
         ParamSpec(1.0, "sqrt")
     assert math.isclose(float(ParamSpec(0.3, "bounded", 0.0, 1.0).to_physical(
         ParamSpec(0.3, "bounded", 0.0, 1.0).to_unconstrained(0.3))), 0.3)
+
+
+def test_start_from_a_finished_run(tmp_path, small_dataset):
+    """fit.start_from continues from a finished run's fitted values: parameters in physical
+    units (so another transform is fine), fitted fields where their shapes match; fit.start
+    still wins; a missing file and a wrong shape are config errors."""
+    from pdefit.fitted import read_fitted, save_fitted
+
+    first = tmp_path / "first"
+    cli.fit(config(first, *SMALL, f"data.path={small_dataset}", "optim=adam", "optim.steps=5",
+                   "optim.lr=0.05", "fit.params=[k,a]", "+fit.initial_fields.v=fit",
+                   "precision=float64"))
+    stored = read_fitted(first)
+    assert set(stored["physical"]) == {"k", "a"} and set(stored["fields"]) == {"v"}
+    dtype = assemble.set_precision("float64")
+    again = ["fit.params=[k,a,b]", "+fit.initial_fields.v=fit", "precision=float64",
+             "+fit.transforms.k=identity"]
+    setup = assemble.build_fit(config(tmp_path / "second", *SMALL, f"data.path={small_dataset}",
+                                      f"fit.start_from={first}", *again), small_dataset, dtype)
+    z = setup.theta0["params"]
+    assert float(z["k"]) == pytest.approx(float(stored["physical"]["k"]), rel=1e-12)  # identity
+    physical = setup.problem.physical_params(setup.theta0)
+    assert float(physical["a"]) == pytest.approx(float(stored["physical"]["a"]), rel=1e-12)
+    np.testing.assert_array_equal(np.asarray(setup.theta0["fields"]["v"]), stored["fields"]["v"])
+    cold = assemble.build_fit(config(tmp_path / "cold", *SMALL, f"data.path={small_dataset}",
+                                     *again), small_dataset, dtype)
+    assert float(setup.start_values["b"]) == float(cold.start_values["b"])  # not in the file
+    assert float(setup.start_values["k"]) != float(cold.start_values["k"])
+    explicit = assemble.build_fit(config(tmp_path / "third", *SMALL,
+                                         f"data.path={small_dataset}", f"fit.start_from={first}",
+                                         "+fit.start.k=7.5", *again), small_dataset, dtype)
+    assert explicit.start_values["k"] == 7.5
+
+    with pytest.raises(assemble.ConfigError, match="does not exist"):
+        assemble.build_fit(config(tmp_path / "x", *SMALL, f"data.path={small_dataset}",
+                                  f"fit.start_from={tmp_path / 'nowhere'}"), small_dataset, dtype)
+    wrong = tmp_path / "wrong.npz"
+    save_fitted(wrong, {"params": {"k": np.zeros(3)}}, {"k": np.zeros(3)})
+    with pytest.raises(assemble.ConfigError, match=r"'k' there has shape \(3,\)"):
+        assemble.build_fit(config(tmp_path / "y", *SMALL, f"data.path={small_dataset}",
+                                  f"fit.start_from={wrong}"), small_dataset, dtype)
