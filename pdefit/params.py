@@ -79,36 +79,34 @@ class ParamSpec:
                                  f"{np.shape(value)} (give a scalar or that shape)")
         return np.broadcast_to(np.asarray(value, np.float64), self.shape).copy()
 
+    def valid(self, values: np.ndarray) -> np.ndarray:
+        """Elementwise: finite, > 0 under a log transform, and inside the bounds (strictly
+        for the log and bounded transforms, whose unconstrained value is infinite there)."""
+        values = np.asarray(values, np.float64)
+        ok = np.isfinite(values)
+        if self.transform == "log":
+            ok &= values > 0
+        if self.transform in ("bounded", "log"):
+            return ok & (values > self.lower) & (values < self.upper)
+        return ok & (values >= self.lower) & (values <= self.upper)
+
     def check(self, name: str, value: Any) -> None:
         """Raise if ``value`` (a scalar, or an array of values) is not a valid physical value
-        for this parameter."""
-        if np.ndim(value) != 0:
-            flat = np.asarray(value, np.float64).ravel()
-            # Report the first offending element with the scalar message.
-            bad = ~np.isfinite(flat)
-            if self.transform == "log":
-                bad |= flat <= 0
-            if self.transform in ("bounded", "log"):
-                bad |= ~((flat > self.lower) & (flat < self.upper))
-            else:
-                bad |= ~((flat >= self.lower) & (flat <= self.upper))
-            if np.any(bad):
-                self.check(f"{name}[{int(np.argmax(bad))}]", float(flat[np.argmax(bad)]))
+        for this parameter, naming the first offending element of an array."""
+        flat = np.atleast_1d(np.asarray(value, np.float64)).ravel()
+        bad = ~self.valid(flat)
+        if not np.any(bad):
             return
-        value = float(value)
+        index = int(np.argmax(bad))
+        label = name if np.ndim(value) == 0 else f"{name}[{index}]"
+        value = float(flat[index])
         if not math.isfinite(value):
-            raise ParameterError(f"parameter {name!r}: value {value} is not finite")
+            raise ParameterError(f"parameter {label!r}: value {value} is not finite")
         if self.transform == "log" and value <= 0:
-            raise ParameterError(f"parameter {name!r} has a log transform and needs a value > 0, "
-                                 f"got {value}")
-        strict = self.transform in ("bounded", "log")
-        inside = (self.lower < value < self.upper) if strict else (
-            self.lower <= value <= self.upper)
-        if not inside:
-            raise ParameterError(
-                f"parameter {name!r}: value {value} is outside its bounds "
-                f"[{self.lower}, {self.upper}]"
-            )
+            raise ParameterError(f"parameter {label!r} has a log transform and needs a value > "
+                                 f"0, got {value}")
+        raise ParameterError(f"parameter {label!r}: value {value} is outside its bounds "
+                             f"[{self.lower}, {self.upper}]")
 
     def to_unconstrained(self, value: Any) -> Any:
         if self.transform == "log":

@@ -207,3 +207,20 @@ def test_start_from_a_finished_run(tmp_path, small_dataset):
     with pytest.raises(assemble.ConfigError, match=r"'k' there has shape \(3,\)"):
         assemble.build_fit(config(tmp_path / "y", *SMALL, f"data.path={small_dataset}",
                                   f"fit.start_from={wrong}"), small_dataset, dtype)
+
+
+def test_parameter_check_names_the_first_bad_element():
+    """Scalars and arrays share one validity rule; an array's message names its element."""
+    from pdefit.params import ParamSpec
+
+    rate = ParamSpec(1.0, "log", shape=(3,))
+    rate.check("p", np.array([1.0, 2.0, 3.0]))
+    with pytest.raises(ParameterError, match=r"'p\[1\]' has a log transform"):
+        rate.check("p", np.array([1.0, -1.0, 2.0]))
+    with pytest.raises(ParameterError, match=r"'p\[2\]': value nan is not finite"):
+        rate.check("p", np.array([1.0, 2.0, np.nan]))
+    fraction = ParamSpec(0.5, "bounded", 0.0, 1.0)
+    with pytest.raises(ParameterError, match=r"'q': value 1.0 is outside its bounds"):
+        fraction.check("q", 1.0)  # the bounded transform excludes its bounds
+    ParamSpec(0.5, "identity", 0.0, 1.0).check("r", 1.0)  # identity includes them
+    assert list(fraction.valid(np.array([0.0, 0.5, 1.0]))) == [False, True, False]
