@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, NamedTuple
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -109,6 +110,16 @@ def _real(dtype: Any) -> Any:
     return jnp.finfo(dtype).dtype if jnp.issubdtype(dtype, jnp.complexfloating) else dtype
 
 
+def _complex_by_real(spec: str, c: Any, table: jnp.ndarray) -> jnp.ndarray:
+    """``einsum(spec, c, table)`` for complex ``c`` and a real table, as one real contraction
+    of the stacked real and imaginary parts: einsum would promote the table to complex and
+    spend four real products per element instead of two."""
+    if not jnp.iscomplexobj(c):
+        return jnp.einsum(spec, c, table)
+    parts = jnp.einsum(spec, jnp.stack([c.real, c.imag]), table)
+    return jax.lax.complex(parts[0], parts[1])
+
+
 @dataclass(frozen=True)
 class SphericalTransform:
     """Analysis and synthesis between a Gaussian grid (nlat, nlon) and triangular truncation
@@ -166,14 +177,14 @@ class SphericalTransform:
         """a_lm = Σ_i w_i c_m(μ_i) T_l^m(μ_i) for Fourier coefficients c (..., nlat, M)."""
         t = self.tables
         table = t.legendre if table is None else table
-        return jnp.einsum("...im,mli->...ml", c, self._const(table * t.weights, c))
+        return _complex_by_real("...im,mli->...ml", c, self._const(table * t.weights, c))
 
     def analysis(self, f: Any) -> jnp.ndarray:
         """Grid (..., nlat, nlon) → coefficients (..., M, L + 1)."""
         return self.legendre_analysis(self.fourier(f))
 
     def _synthesise(self, a: Any, table: np.ndarray) -> jnp.ndarray:
-        c = jnp.einsum("...ml,mli->...im", a, self._const(table, a))
+        c = _complex_by_real("...ml,mli->...im", a, self._const(table, a))
         pad = self.nlon // 2 + 1 - c.shape[-1]
         c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
         return jnp.fft.irfft(c * self.nlon, n=self.nlon, axis=-1)

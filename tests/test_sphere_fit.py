@@ -157,8 +157,9 @@ def test_small_recovery(tmp_path, tiny_dataset):
     print(result["force"], result["force_azimuth"]["rms_error"],
           result["force_time_shift"]["rms_error"], f"{wall:.1f} s")
     force = result["force"]
-    assert force["correlation"] >= 0.97, result
-    assert force["solenoidal_correlation"] >= 0.97, result
+    assert force["correlation"] >= 0.98, result  # over the frame times (measured 0.998)
+    assert force["solenoidal_correlation"] >= 0.98, result
+    assert force["correlation_at_node_times"] >= 0.97, result  # measured 0.996
     assert force["gradient_share_fitted"] < 0.01, result
     # The true azimuths have RMS ≈ 0.25 and the shifts ≈ 0.05: an unmoved start fails here.
     assert result["force_azimuth"]["rms_error"] < 0.005, result
