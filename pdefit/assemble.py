@@ -568,7 +568,8 @@ def _warm_start(cfg: FitConfig, system: System, fitted: list[str], per_experimen
         raise ConfigError(f"fit.start_from: {err}") from None
     if not stored["physical"] and stored["params"]:
         raise ConfigError(f"fit.start_from: {fitted_path(Path(location))} holds no physical "
-                          "values (written by an older pdefit); refit it to use it as a start")
+                          "values (written by an older pdefit): run that fit once more with its "
+                          "own config, which resumes at its last step and rewrites the file")
     physical = {}
     for name in fitted:
         if name not in stored["physical"] or name not in system.params:
