@@ -45,7 +45,7 @@ from hydra import compose, initialize_config_dir
 
 from pdefit import assemble
 from pdefit.config import register_configs
-from pdefit.spherical import SphericalTransform, _complex_by_real
+from pdefit.spherical import SphericalTransform, real_table_einsum
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 register_configs()
@@ -64,13 +64,10 @@ def build(tmp: Path, overrides: list[str], schedule: str) -> assemble.FitSetup:
     return assemble.build_fit(cfg, path, dtype)
 
 
-def best_time(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - start)
-    return min(times)
+def timed(fn) -> float:
+    start = time.perf_counter()
+    jax.block_until_ready(fn())
+    return time.perf_counter() - start
 
 
 def temp_bytes(jitted, *args) -> int | None:
@@ -81,7 +78,7 @@ def temp_bytes(jitted, *args) -> int | None:
 def legendre_case(setup: assemble.FitSetup) -> tuple[SphericalTransform, jnp.ndarray]:
     transform = setup.problem.system.transform(setup.problem.grid)
     rng = np.random.default_rng(0)
-    n_experiments = jax.tree.leaves(setup.batch.initial or setup.theta0["fields"])[0].shape[0]
+    n_experiments = jax.tree.leaves(setup.batch.observed.values)[0].shape[0]
     shape = (n_experiments, 2, transform.nlat, transform.lmax + 1)
     dtype = jnp.complex128 if jax.config.jax_enable_x64 else jnp.complex64
     coeffs = (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dtype)
@@ -113,11 +110,12 @@ def main() -> None:
         grads = {s: jax.jit(setups[s].problem.value_and_grad) for s in setups}
         memory = {s: temp_bytes(grads[s], theta, batch) for s in setups}
         transform, coeffs = legendre_case(setups["revolve"])
-        table = transform._const(transform.tables.legendre * transform.tables.weights, coeffs)
+        table = jnp.asarray(transform.tables.legendre * transform.tables.weights,
+                            coeffs.real.dtype)
         spec = "...im,mli->...ml"
         legendre = {
             "complex_einsum": jax.jit(lambda c: jnp.einsum(spec, c, table)),
-            "real_split": jax.jit(lambda c: _complex_by_real(spec, c, table)),
+            "real_split": jax.jit(lambda c: real_table_einsum(spec, c, table)),
         }
         calls = {"loss": lambda: loss(theta, batch),
                  **{f"value_and_grad_{s}": (lambda f=f: f(theta, batch))
@@ -128,7 +126,7 @@ def main() -> None:
         rounds = {name: [] for name in calls}
         for _ in range(args.repeats):
             for name, call in calls.items():
-                rounds[name].append(best_time(call, 1))
+                rounds[name].append(timed(call))
         best = {name: min(times) for name, times in rounds.items()}
         (_, g_revolve), (_, g_store) = (grads[s](theta, batch) for s in ("revolve", "store_all"))
         gap = max(float(jnp.max(jnp.abs(a - b))) for a, b in zip(

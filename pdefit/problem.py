@@ -40,7 +40,8 @@ class Regularization:
     fields. ``smoothness``: per array parameter, weight of the mean squared difference of
     neighbouring nodes, summed over its spec's ``smooth_axes`` (wrapping on periodic ones).
     ``system``: weights of the system's own penalties (:func:`system_penalties`), functions of
-    the physical parameters; averaged over experiments when they read per-experiment ones."""
+    the physical parameters; averaged over experiments when they read per-experiment ones
+    (:func:`system_term`)."""
 
     params: float = 0.0
     fields: float = 0.0
@@ -185,10 +186,7 @@ class FitProblem:
             offered = system_penalties(self.system, self.grid)
             shared, own = self.layout.split(self.physical_params(theta))
             for name, weight in reg.system:
-                term = offered[name]
-                value = (jnp.mean(jax.vmap(lambda o, term=term: term({**shared, **o}))(own))
-                         if own else term(shared))
-                total = total + weight * value
+                total = total + weight * system_term(offered[name], shared, own)
         return total
 
     def loss(self, theta: Mapping[str, Any], batch: Batch) -> jnp.ndarray:
@@ -203,6 +201,18 @@ def system_penalties(system: System, grid: Grid) -> dict[str, Any]:
     system declares no ``penalties(grid)``)."""
     declared = getattr(system, "penalties", None)
     return dict(declared(grid)) if declared is not None else {}
+
+
+def system_term(term: Any, shared: Mapping[str, Any], own: Mapping[str, Any]) -> jnp.ndarray:
+    """A system penalty's value: from the shared parameters alone when it reads only those
+    (traced once), else its mean over experiments, each seeing its own per-experiment
+    values (a term that reads one raises KeyError without them, at trace time)."""
+    try:
+        return term(dict(shared))
+    except KeyError:
+        if not own:
+            raise
+    return jnp.mean(jax.vmap(lambda values: term({**shared, **values}))(own))
 
 
 def smoothness(z: jnp.ndarray, axes: Any, periodic: Any = ()) -> jnp.ndarray:

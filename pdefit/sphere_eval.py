@@ -25,7 +25,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -39,14 +38,11 @@ def force_fields(system: Any, grid: Any, nodes: np.ndarray,
                  times: np.ndarray | None = None) -> np.ndarray:
     """(F_θ, F_φ) on the simulation grid at ``times`` (default: the node times),
     (n_times, 2, nlat, nlon)."""
-    from systems.sphere_ns import force_on_grid
+    from systems.sphere_ns import force_at_times
 
     node_times = system.force_times(nodes.shape[0])
-    times = node_times if times is None else np.asarray(times)
-    nodes = jnp.asarray(nodes)
-    fields = jax.vmap(lambda t: jnp.stack(force_on_grid(nodes, t, node_times, grid)))(
-        jnp.asarray(times, nodes.dtype))
-    return np.asarray(fields)
+    return np.asarray(force_at_times(nodes, node_times if times is None else times,
+                                     node_times, grid))
 
 
 def curls(system: Any, grid: Any, fields: np.ndarray) -> np.ndarray:

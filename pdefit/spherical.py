@@ -110,7 +110,7 @@ def _real(dtype: Any) -> Any:
     return jnp.finfo(dtype).dtype if jnp.issubdtype(dtype, jnp.complexfloating) else dtype
 
 
-def _complex_by_real(spec: str, c: Any, table: jnp.ndarray) -> jnp.ndarray:
+def real_table_einsum(spec: str, c: Any, table: jnp.ndarray) -> jnp.ndarray:
     """``einsum(spec, c, table)`` for complex ``c`` and a real table, as one real contraction
     of the stacked real and imaginary parts: einsum would promote the table to complex and
     spend four real products per element instead of two."""
@@ -177,14 +177,14 @@ class SphericalTransform:
         """a_lm = Σ_i w_i c_m(μ_i) T_l^m(μ_i) for Fourier coefficients c (..., nlat, M)."""
         t = self.tables
         table = t.legendre if table is None else table
-        return _complex_by_real("...im,mli->...ml", c, self._const(table * t.weights, c))
+        return real_table_einsum("...im,mli->...ml", c, self._const(table * t.weights, c))
 
     def analysis(self, f: Any) -> jnp.ndarray:
         """Grid (..., nlat, nlon) → coefficients (..., M, L + 1)."""
         return self.legendre_analysis(self.fourier(f))
 
     def _synthesise(self, a: Any, table: np.ndarray) -> jnp.ndarray:
-        c = _complex_by_real("...ml,mli->...im", a, self._const(table, a))
+        c = real_table_einsum("...ml,mli->...im", a, self._const(table, a))
         pad = self.nlon // 2 + 1 - c.shape[-1]
         c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
         return jnp.fft.irfft(c * self.nlon, n=self.nlon, axis=-1)

@@ -38,6 +38,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -155,6 +156,13 @@ def force_on_grid(nodes: Any, t: Any, t_nodes: Any, grid: Grid, azimuth: Any = 0
     out = jnp.einsum("ia,cab,jb->cij", jnp.asarray(w_theta, real), now,
                      jnp.asarray(w_phi, real))
     return out[0], out[1]
+
+
+def force_at_times(nodes: Any, times: Any, t_nodes: Any, grid: Grid) -> jnp.ndarray:
+    """(F_θ, F_φ) of :func:`force_on_grid` at each of ``times``: (len(times), 2, nlat, nlon)."""
+    nodes = jnp.asarray(nodes)
+    return jax.vmap(lambda t: jnp.stack(force_on_grid(nodes, t, t_nodes, grid)))(
+        jnp.asarray(times, nodes.dtype))
 
 
 def true_force(n_times: int, n_theta: int, n_phi: int, seed: int = 0, amplitude: float = 1.0,
@@ -385,10 +393,8 @@ class SphereNS:
         transform = self.transform(grid)
 
         def force_gradient(params: dict[str, Any]) -> jnp.ndarray:
-            nodes = jnp.asarray(params["force"])
-            times = self.force_times(nodes.shape[0])
-            fields = jnp.stack([jnp.stack(force_on_grid(nodes, t, times, grid))
-                                for t in times])  # at the nodes: no time interpolation
+            times = self.force_times(jnp.shape(params["force"])[0])
+            fields = force_at_times(params["force"], times, times, grid)
             g_theta, g_phi = gradient_part(transform, fields[:, 0], fields[:, 1], self.radius)
             return area_mean(transform, g_theta**2 + g_phi**2)
 

@@ -224,3 +224,24 @@ def test_parameter_check_names_the_first_bad_element():
         fraction.check("q", 1.0)  # the bounded transform excludes its bounds
     ParamSpec(0.5, "identity", 0.0, 1.0).check("r", 1.0)  # identity includes them
     assert list(fraction.valid(np.array([0.0, 0.5, 1.0]))) == [False, True, False]
+
+
+def test_system_penalty_maps_over_experiments_only_when_it_reads_their_values():
+    """A system penalty that reads only shared parameters is traced once on them; one that
+    reads a per-experiment parameter is averaged over the experiments' values."""
+    import jax.numpy as jnp
+
+    from pdefit.problem import system_term
+
+    shared, own = {"a": jnp.asarray(2.0)}, {"b": jnp.asarray([1.0, 2.0, 6.0])}
+    calls = []
+
+    def shared_only(params):
+        calls.append(sorted(params))
+        return params["a"] ** 2
+
+    assert float(system_term(shared_only, shared, own)) == 4.0
+    assert calls == [["a"]]  # never given, nor mapped over, the per-experiment values
+    assert float(system_term(lambda p: p["a"] * p["b"], shared, own)) == pytest.approx(6.0)
+    with pytest.raises(KeyError):
+        system_term(lambda p: p["missing"], shared, {})
