@@ -94,7 +94,7 @@ from pdefit.observe import Observation, ObservedData, observed_data
 from pdefit.params import ParameterLayout
 from pdefit.problem import FitProblem
 from pdefit.system import stepper
-from systems.aliev_panfilov import AP96, AlievPanfilov
+from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 SCHEDULES = ("store_all", "nested", "revolve")
 FIELDS = ("u", "v")

@@ -46,7 +46,7 @@ import numpy as np
 from pdefit.grid import Grid
 from pdefit.integrate import simulate
 from pdefit.system import stepper
-from systems.bocf import BOCF, parameter_values
+from pdefit.systems.bocf import BOCF, parameter_values
 
 SYSTEM = BOCF(parameter_set="TNNP", laplacian="9pt", initial="rest")
 PARAMS = {**parameter_values("TNNP"), "D": 0.1}

@@ -36,7 +36,7 @@ from pdefit.adjoint import LossChain, Revolve  # noqa: E402
 from pdefit.domain import AXES, Domain  # noqa: E402
 from pdefit.grid import Grid  # noqa: E402
 from pdefit.system import stepper  # noqa: E402
-from systems.aliev_panfilov import AP96, AlievPanfilov  # noqa: E402
+from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov  # noqa: E402
 
 DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1}
 

@@ -14,8 +14,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import SingleDeviceSharding
 
-from systems import get_system
-
 from . import data as zd
 from .adjoint import Nested, Revolve, Schedule, StoreAll, snapshots_for_budget
 from .config import AdjointConfig, FitConfig, MeshConfig, SystemConfig
@@ -27,7 +25,7 @@ from .observe import LOSSES, Observation, observable_names, observed_data
 from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
 from .problem import Batch, FitProblem, Regularization, system_penalties
-from .system import System, check_time_step, default_params, stepper
+from .system import System, check_time_step, default_params, get_system, stepper
 
 log = logging.getLogger("pdefit")
 
@@ -363,6 +361,10 @@ def _check_finite(ds: zd.Dataset, name: str, values, mask) -> None:
 
 
 class FitSetup(NamedTuple):
+    """A fit ready to run (:func:`build_fit`, :func:`pdefit.build_problem`): the problem, the
+    batch of data it reads, the starting point ``theta0`` (unconstrained), the starting values
+    of the shared scalars in physical units, and the dataset's true parameters if known."""
+
     problem: FitProblem
     batch: Batch
     theta0: dict[str, Any]
@@ -371,9 +373,14 @@ class FitSetup(NamedTuple):
     reads: list  # the dataset windows this process read: (field, experiments, frames, y, x)
 
 
-def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any) -> FitSetup:
-    """Validate config and dataset against each other and assemble the fit."""
-    system, grid = make_system(cfg.system), make_grid(cfg.system)
+def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
+              system: System | None = None) -> FitSetup:
+    """Validate config and dataset against each other and assemble the fit. ``cfg`` is the
+    Hydra config or the same schema (:mod:`pdefit.config`) filled in by :func:`pdefit.api.
+    build_problem`; ``system`` is a system object to use instead of building one from
+    ``cfg.system.name`` and its options."""
+    system = make_system(cfg.system) if system is None else system
+    grid = make_grid(cfg.system)
     params = system_params(system, cfg.system.params)
     check_dynamics(system, params, grid, cfg.system)
     ds = zd.open_dataset(dataset_path)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from . import assemble, batch, parallel
 from . import data as zd
 from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
-from .config import register_configs
+from .config import CONF_DIR, register_configs
 from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
 from .fitted import FITTED_FILE, save_fitted
 from .gauss_newton import gauss_newton
@@ -32,7 +32,6 @@ from .rundir import plain_config, register_resolvers, simulated_dataset
 from .system import stepper
 from .train import LEVENBERG_MARQUARDT, run_fit
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("pdefit")
 register_configs()
 register_resolvers()
@@ -172,19 +171,18 @@ def _describe(problem, theta) -> dict[str, Any]:
 
 def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,
                        lead: bool) -> dict[str, Any]:
-    """System-specific evaluation against the dataset's truths (the sphere force fit:
-    pdefit.sphere_eval), printed and returned for summary.json; empty for other systems."""
-    problem = setup.problem
-    if problem.system.name != "sphere_ns" or not (
-            "force" in problem.layout.fitted or problem.layout.per_experiment):
+    """The system's own evaluation of the fit (its optional ``evaluate_fit`` hook, see
+    pdefit.system), printed and returned for summary.json; empty without one."""
+    evaluate = getattr(setup.problem.system, "evaluate_fit", None)
+    if evaluate is None:
         return {}
-    from .sphere_eval import evaluate_force_fit, format_report
-
-    result = evaluate_force_fit(problem, theta, dataset, cfg.data.experiments, out,
-                                plots=bool(cfg.run.plots and lead))
-    if result:
-        print(format_report(result))
-    return {"sphere_force": result} if result else {}
+    result = evaluate(setup.problem, theta, dataset, cfg.data.experiments, out,
+                      plots=bool(cfg.run.plots and lead))
+    if result is None:
+        return {}
+    if result.report:
+        print(result.report)
+    return dict(result.summary)
 
 
 def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any):

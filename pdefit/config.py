@@ -12,6 +12,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING
+
+# Where the command-line entry points find their configs: the repository's conf/, installed as
+# the package pdefit.conf (an editable install maps it back to conf/).
+CONF_DIR = "pkg://pdefit.conf"
 
 
 @dataclass
@@ -23,7 +28,9 @@ class GridConfig:
 
 @dataclass
 class SystemConfig:
-    name: str = "aliev_panfilov"
+    # A built-in name, an import path "package.module:Class" or a pdefit.systems entry point
+    # (pdefit.system.system_class); conf/system/<name>.yaml sets it.
+    name: str = MISSING
     options: dict[str, Any] = field(default_factory=dict)
     params: dict[str, float] = field(default_factory=dict)  # overrides of the system defaults
     grid: GridConfig = field(default_factory=GridConfig)
@@ -50,14 +57,14 @@ class SimulateConfig:
     output: str = "data.zarr"
     frames_per_shard: int = 16
     # The system that makes the data, when it is not the fitted one (a surrogate fit, e.g.
-    # Aliev–Panfilov fitted to BOCF data); None: the fitted ``system``.
+    # a cheap model fitted to a detailed model's data); None: the fitted ``system``.
     system: SystemConfig | None = None
     # A job array (slurm/simulate.sbatch): this is task `task` of `tasks`, each writing a
     # contiguous block of the experiments; tasks=1 writes everything.
     task: int = 0
     tasks: int = 1
     # The names written to the dataset: state fields and/or the system's observables (e.g.
-    # sphere_ns's u_theta, u_phi); None: the state fields.
+    # velocity components of a vorticity model); None: the state fields.
     fields: list[str] | None = None
     # Per-experiment truths: parameter -> {low, high}, each experiment's value drawn
     # uniformly (seeded by `seed`); with center_per_experiment the draws are shifted to mean
@@ -69,7 +76,7 @@ class SimulateConfig:
     # (e.g. a smooth random force field), stored in the dataset as true_<name>.
     arrays: dict[str, Any] = field(default_factory=dict)
     # Observation masks: options of the system's observation_mask(grid, times, ...) (e.g.
-    # sphere_ns: a polar cap growing in time); empty: every point observed.
+    # a polar cap growing in time); empty: every point observed.
     mask: dict[str, Any] = field(default_factory=dict)
 
 
@@ -82,7 +89,7 @@ class DataConfig:
     # Only the observed fields are then taken from it; the model's other initial fields are
     # fitted. None: the dataset must come from the fitted system.
     system: str | None = None
-    time_scale: float = 1.0  # dataset time units per model time unit (BOCF ms → AP: 12.9)
+    time_scale: float = 1.0  # dataset time units per model time unit (e.g. ms → model units)
 
 
 @dataclass

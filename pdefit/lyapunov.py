@@ -31,13 +31,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from . import assemble
-from .config import register_configs
+from .config import CONF_DIR, register_configs
 from .evaluate import lyapunov_exponent
 from .forecast import advance, rms_separation
 from .rundir import register_resolvers
 from .system import stepper
 
-CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 register_configs()
 register_resolvers()
 

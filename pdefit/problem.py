@@ -27,6 +27,11 @@ from .system import System, stepper
 
 
 class Batch(NamedTuple):
+    """What a fit reads from its dataset, passed to ``loss(theta, batch)`` as an argument:
+    the observed frames (:class:`~pdefit.observe.ObservedData`, values, masks and the step of
+    each frame) and the known initial fields, ``(n_exp, ny, nx)`` each; fitted initial fields
+    are in ``theta`` instead."""
+
     observed: ObservedData
     initial: dict[str, jnp.ndarray]  # known initial fields, (n_exp, ny, nx)
 
@@ -52,6 +57,18 @@ class Regularization:
 
 @dataclass(frozen=True)
 class FitProblem:
+    """One fit: ``system`` on ``grid`` stepped ``n_steps`` times by ``integrator`` with time
+    step ``dt`` from ``t0``; ``layout`` says which parameters are fitted and how they map to
+    unconstrained values, ``observation`` which fields are compared with the data and how,
+    ``schedule`` how the adjoint keeps its snapshots (:class:`~pdefit.adjoint.Revolve`, ...),
+    ``fitted_fields`` which initial fields are fitted, ``regularization`` the penalties and
+    ``domain`` the device mesh (None: one device).
+
+    :meth:`loss` (``loss(theta, batch)``, jit- and grad-able) is the data misfit plus the
+    penalties; its gradient is the exact discrete adjoint. :meth:`physical_params` maps
+    ``theta`` back to physical parameter values. Build one from a dataset with
+    :func:`pdefit.build_problem`, or from engine objects directly (tests/helpers.py)."""
+
     system: System
     grid: Grid
     dt: float

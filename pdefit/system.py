@@ -16,15 +16,21 @@ closed over by jitted functions. It provides:
 - ``initial_state(grid, params, seed)``: a seeded generator of a typical state;
 - optionally ``penalties(grid)``: name → function of the physical parameters returning a
   scalar, priors only the physics can state (e.g. "the force has no gradient part"), weighted
-  by ``regularization.system`` in a fit.
+  by ``regularization.system`` in a fit;
+- optionally ``evaluate_fit(problem, theta, dataset, experiments, out, plots)``: a
+  system-specific evaluation of a finished fit against the dataset's truths (numbers for
+  ``summary.json``, a printed report, plots in ``out``), returning a :class:`SystemEvaluation`
+  or None when it has nothing to say about this fit.
 
 Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call collectives.
 """
 
 from __future__ import annotations
 
+import importlib
 from functools import lru_cache
-from typing import Any, Protocol, runtime_checkable
+from importlib.metadata import entry_points
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from .grid import Grid
 from .integrate import REAL_AXIS_STABILITY, Step, make_stepper
@@ -33,6 +39,9 @@ from .params import ParamSpec
 
 @runtime_checkable
 class System(Protocol):
+    """The interface every system implements (the module docstring lists the optional
+    hooks)."""
+
     name: str
     fields: tuple[str, ...]
     params: dict[str, ParamSpec]
@@ -41,6 +50,65 @@ class System(Protocol):
     def max_stable_dt(self, params: dict[str, float], grid: Grid) -> float: ...
 
     def initial_state(self, grid: Grid, params: dict[str, float], seed: int) -> dict[str, Any]: ...
+
+
+# Installed packages offer systems under this entry-point group: in their pyproject.toml,
+# [project.entry-points."pdefit.systems"] gray_scott = "my_pkg.models:GrayScott".
+ENTRY_POINT_GROUP = "pdefit.systems"
+
+
+class SystemEvaluation(NamedTuple):
+    """What a system's ``evaluate_fit`` hook reports: ``summary`` is merged into
+    ``summary.json``, ``report`` is printed after the parameter table."""
+
+    summary: dict[str, Any]
+    report: str
+
+
+def system_class(name: str) -> type:
+    """The system class called ``name``: a built-in system (``pdefit.systems``), an import path
+    ``package.module:Class``, or a name installed under the ``pdefit.systems`` entry-point
+    group. Raises ValueError naming the valid built-in and installed names."""
+    from .systems import REGISTRY  # the physics imports the engine, not the other way round
+
+    if name in REGISTRY:
+        return REGISTRY[name]
+    if ":" in name:
+        module_name, _, attribute = name.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as err:
+            raise ValueError(f"cannot import {module_name!r} for system {name!r}: {err}"
+                             ) from None
+        cls = getattr(module, attribute, None)
+        if not isinstance(cls, type):
+            raise ValueError(f"module {module_name!r} has no class {attribute!r} (system "
+                             f"{name!r})")
+        return cls
+    installed = {ep.name: ep for ep in entry_points(group=ENTRY_POINT_GROUP)}
+    if name in installed:
+        return installed[name].load()
+    raise ValueError(f"unknown system {name!r}; built in: {sorted(REGISTRY)}; installed "
+                     f"({ENTRY_POINT_GROUP} entry points): {sorted(installed)}; or give an "
+                     "import path package.module:Class")
+
+
+def get_system(name: str, **options: Any) -> System:
+    """The system called ``name`` (see :func:`system_class`), built with its static
+    ``options`` (e.g. ``laplacian="9pt"``); a ValueError names bad options."""
+    cls = system_class(name)
+    try:
+        system = cls(**options)
+    except TypeError as err:
+        raise ValueError(f"bad options {options} for system {name!r}: {err}") from None
+    missing = [a for a in ("name", "fields", "params", "stencil_radius", "max_stable_dt",
+                           "initial_state") if not hasattr(system, a)]
+    if not (hasattr(system, "rhs") or hasattr(system, "step")):
+        missing.append("rhs or step")
+    if missing:
+        raise ValueError(f"system {name!r} ({cls.__qualname__}) lacks {missing}; see "
+                         "pdefit.system for what a system provides")
+    return system
 
 
 class UnstableTimeStepError(ValueError):
@@ -54,6 +122,7 @@ def check_option(what: str, value: Any, choices: Any) -> None:
 
 
 def default_params(system: System) -> dict[str, float]:
+    """Each parameter's default value."""
     return {name: spec.default for name, spec in system.params.items()}
 
 

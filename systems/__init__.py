@@ -1,4 +1,6 @@
-"""The physics: one module per PDE system, registered here by name.
+"""The physics: one module per PDE system; the built-in ones are registered here by name.
+Installed as ``pdefit.systems``. Systems of other packages need no registration: name them by
+import path or entry point (:func:`pdefit.system.system_class`).
 
 A system knows its fields, parameters, right-hand side (or step), stability limit and initial
 states; it knows nothing about adjoints, sharding or checkpoints (see :mod:`pdefit.system`).
@@ -6,12 +8,14 @@ states; it knows nothing about adjoints, sharding or checkpoints (see :mod:`pdef
 
 from __future__ import annotations
 
-from typing import Any
+from pdefit.system import get_system  # built-in, import-path and entry-point names
 
 from .aliev_panfilov import AlievPanfilov
 from .bocf import BOCF
 from .rayleigh_benard import RayleighBenard
 from .sphere_ns import SphereNS
+
+__all__ = ["BOCF", "REGISTRY", "AlievPanfilov", "RayleighBenard", "SphereNS", "get_system"]
 
 REGISTRY: dict[str, type] = {
     AlievPanfilov.name: AlievPanfilov,
@@ -20,13 +24,3 @@ REGISTRY: dict[str, type] = {
     SphereNS.name: SphereNS,
 }
 
-
-def get_system(name: str, **options: Any) -> Any:
-    """The system called ``name``, built with its static ``options``."""
-    if name not in REGISTRY:
-        raise ValueError(f"unknown system {name!r}; available: {sorted(REGISTRY)}")
-    cls = REGISTRY[name]
-    try:
-        return cls(**options)
-    except TypeError as err:
-        raise ValueError(f"bad options {options} for system {name!r}: {err}") from None

@@ -50,6 +50,7 @@ from pdefit.spherical import (
     legendre_tables,
     quadratic_truncation,
 )
+from pdefit.system import SystemEvaluation
 
 FORCE_COMPONENTS = 2  # (F_θ, F_φ)
 OBSERVABLES = ("u_theta", "u_phi")
@@ -399,6 +400,17 @@ class SphereNS:
             return area_mean(transform, g_theta**2 + g_phi**2)
 
         return {"force_gradient": force_gradient}
+
+    def evaluate_fit(self, problem: Any, theta: Any, dataset: Any, experiments: Any,
+                     out: Any, plots: bool) -> SystemEvaluation | None:
+        """pdefit's evaluation hook: the recovered force and alignments against the
+        dataset's truths (:mod:`pdefit.systems.sphere_eval`); None unless they were fitted."""
+        from .sphere_eval import evaluate_force_fit, format_report
+
+        if "force" not in problem.layout.fitted and not problem.layout.per_experiment:
+            return None
+        result = evaluate_force_fit(problem, theta, dataset, experiments, out, plots)
+        return SystemEvaluation({"sphere_force": result}, format_report(result)) if result else None
 
     def force_curl(self, params: dict[str, Any], t: Any, grid: Grid,
                    transform: SphericalTransform) -> jnp.ndarray | None:

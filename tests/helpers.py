@@ -16,7 +16,7 @@ from pdefit.observe import Observation, observed_data
 from pdefit.params import ParameterLayout
 from pdefit.problem import Batch, FitProblem
 from pdefit.system import stepper
-from systems.aliev_panfilov import AP96, AlievPanfilov
+from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 STORE_ALL = StoreAll()
 
@@ -76,7 +76,7 @@ def ap_problem(shape=(12, 12), boundaries=("neumann", "neumann"), n_steps=40, ev
 
 def configured_system(name: str):
     """(config dict, system, grid, parameters) of ``conf/system/<name>.yaml``."""
-    from systems import get_system
+    from pdefit.systems import get_system
 
     path = Path(__file__).resolve().parents[1] / "conf" / "system" / f"{name}.yaml"
     cfg = yaml.safe_load(path.read_text())

@@ -21,9 +21,9 @@ from pdefit.observe import Observation, observed_data
 from pdefit.params import ParameterLayout
 from pdefit.problem import Batch, FitProblem
 from pdefit.system import UnstableTimeStepError, check_time_step, default_params, stepper
+from pdefit.systems import get_system
+from pdefit.systems.bocf import BOCF, parameter_values
 from pdefit.train import run_fit
-from systems import get_system
-from systems.bocf import BOCF, parameter_values
 
 NEUMANN = ("neumann", "neumann")
 CELL = Grid((1, 1), (1.0, 1.0), NEUMANN)  # one cell: the no-flux Laplacian is zero

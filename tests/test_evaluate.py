@@ -17,7 +17,7 @@ from pdefit.evaluate import (
 )
 from pdefit.grid import Grid
 from pdefit.influence import rank_parameters
-from systems.bocf import BOCF, parameter_values
+from pdefit.systems.bocf import BOCF, parameter_values
 
 # -- metrics with known answers -----------------------------------------------------------------
 

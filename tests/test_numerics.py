@@ -15,7 +15,7 @@ from pdefit.grid import Grid
 from pdefit.integrate import make_stepper, simulate
 from pdefit.stencils import laplacian_5pt, laplacian_9pt, laplacian_spectral_radius
 from pdefit.system import UnstableTimeStepError, check_time_step, stepper
-from systems.aliev_panfilov import AP96, AlievPanfilov
+from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 LAPLACIAN_FUNCS = {"5pt": laplacian_5pt, "9pt": laplacian_9pt}
 

@@ -24,9 +24,9 @@ from pdefit.observe import Observation, observed_data
 from pdefit.params import ParameterLayout
 from pdefit.problem import Batch, FitProblem
 from pdefit.system import UnstableTimeStepError, check_time_step, stepper
+from pdefit.systems import get_system
+from pdefit.systems.rayleigh_benard import ONSET, RayleighBenard, project, solve_poisson
 from pdefit.train import run_fit
-from systems import get_system
-from systems.rayleigh_benard import ONSET, RayleighBenard, project, solve_poisson
 from tests.helpers import configured_system
 
 BOUNDARIES = ("neumann", "periodic")

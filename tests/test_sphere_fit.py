@@ -171,7 +171,7 @@ def test_growing_cap_mask(tmp_path):
     """Only a polar cap is observed, growing from 60° to 120° colatitude: the dataset has
     masks, the loss weighs only observed points, the starting vorticity ignores the rest, and
     the force is evaluated on the region ever observed."""
-    from pdefit.sphere_eval import observed_region
+    from pdefit.systems.sphere_eval import observed_region
 
     cap = ["+simulate.mask.cap_start=60", "+simulate.mask.cap_end=120",
            "simulate.n_experiments=2", "simulate.n_frames=4"]
@@ -211,7 +211,7 @@ def test_bad_config_is_rejected_before_training(tmp_path, tiny_dataset, no_train
 
 
 def test_wrong_array_shape_is_a_clear_error():
-    from systems.sphere_ns import SphereNS
+    from pdefit.systems.sphere_ns import SphereNS
 
     specs = SphereNS(force_nodes=(3, 5, 8)).params
     values = {n: s.full(s.default) for n, s in specs.items()}
@@ -228,7 +228,7 @@ def test_wrong_array_shape_is_a_clear_error():
 
 def test_scalar_parameters_are_unchanged():
     """A layout without arrays or per-experiment parameters is the old one."""
-    from systems.aliev_panfilov import AP96, AlievPanfilov
+    from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
     layout = ParameterLayout.build(AlievPanfilov.params, AP96, ["k", "a"])
     z = layout.unconstrained(AP96)

@@ -21,8 +21,8 @@ from pdefit.grid import Grid
 from pdefit.integrate import simulate
 from pdefit.spherical import SphericalTransform
 from pdefit.system import check_time_step, stepper
-from systems import get_system
-from systems.sphere_ns import (
+from pdefit.systems import get_system
+from pdefit.systems.sphere_ns import (
     SphereNS,
     area_mean,
     cubic_interpolation_matrix,

@@ -28,8 +28,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from . import data as zd
-from .parallel import host_array
+from pdefit import data as zd
+from pdefit.parallel import host_array
 
 ALIGNMENT = ("force_azimuth", "force_time_shift")
 
@@ -38,7 +38,7 @@ def force_fields(system: Any, grid: Any, nodes: np.ndarray,
                  times: np.ndarray | None = None) -> np.ndarray:
     """(F_θ, F_φ) on the simulation grid at ``times`` (default: the node times),
     (n_times, 2, nlat, nlon)."""
-    from systems.sphere_ns import force_at_times
+    from .sphere_ns import force_at_times
 
     node_times = system.force_times(nodes.shape[0])
     return np.asarray(force_at_times(nodes, node_times if times is None else times,
@@ -57,7 +57,7 @@ def curls(system: Any, grid: Any, fields: np.ndarray) -> np.ndarray:
 def helmholtz_parts(system: Any, grid: Any, fields: np.ndarray,
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(solenoidal, gradient) parts of fields (..., 2, nlat, nlon), each of that shape."""
-    from systems.sphere_ns import gradient_part, solenoidal_part
+    from .sphere_ns import gradient_part, solenoidal_part
 
     transform = system.transform(grid)
     f = jnp.asarray(fields)
