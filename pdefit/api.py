@@ -16,8 +16,10 @@ loop (:func:`pdefit.train.run_fit`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -45,6 +47,7 @@ from .config import (
     SystemConfig,
 )
 from .gauss_newton import gauss_newton
+from .grid import Grid
 from .parallel import host_array
 from .system import System
 from .system import get_system as _get_system
@@ -72,7 +75,8 @@ def open_dataset(path: str | PathLike) -> zd.Dataset:
     return zd.open_dataset(path)
 
 
-def build_problem(system: System | str, dataset: zd.Dataset | str | PathLike, *,
+def build_problem(system: System | str,
+                  dataset: zd.Dataset | str | PathLike | Mapping[str, Any], *,
                   fit: Sequence[str], start: Mapping[str, Any] | None = None,
                   params: Mapping[str, Any] | None = None,
                   observe: Sequence[str] | None = None,
@@ -85,7 +89,8 @@ def build_problem(system: System | str, dataset: zd.Dataset | str | PathLike, *,
                   stride: int = 1, loss: str = "mse",
                   snapshots: int | None = 32, adjoint: str = "revolve",
                   regularization: Mapping[str, Any] | None = None,
-                  precision: str | None = None) -> FitSetup:
+                  precision: str | None = None, grid: Grid | None = None,
+                  frame_interval: float | None = None) -> FitSetup:
     """Check ``system`` and ``dataset`` against each other and build the fit of the
     parameters named in ``fit``.
 
@@ -95,6 +100,11 @@ def build_problem(system: System | str, dataset: zd.Dataset | str | PathLike, *,
     fields (default: the system's fields the dataset holds). The grid is the dataset's; ``dt``
     defaults to the dataset's simulation step. ``frames``/``experiments`` select indices of
     the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values.
+    ``dataset`` may also be frames in memory: field name → array ``(n_frames, ny, nx)`` or
+    ``(n_experiments, n_frames, ny, nx)`` (NaN: unobserved), with ``grid``, ``dt`` and
+    ``frame_interval`` (a multiple of ``dt``; default ``dt``) saying where and when they lie,
+    the first frame at time 0; they pass through a temporary dataset, and so through the same
+    checks as a file.
     ``adjoint`` is ``revolve`` (with ``snapshots``), ``nested`` or ``store_all``;
     ``regularization`` takes the keys of :class:`pdefit.config.RegularizationConfig`.
     ``precision`` (``float32``/``float64``) switches JAX's precision; default: as it is.
@@ -105,31 +115,62 @@ def build_problem(system: System | str, dataset: zd.Dataset | str | PathLike, *,
     problem, as on the command line (the keys named are those of the config schema)."""
     if isinstance(system, str):
         system = get_system(system)
-    ds = dataset if isinstance(dataset, zd.Dataset) else open_dataset(dataset)
-    meta = ds.meta
-    if precision is None:
-        precision = "float64" if jax.config.jax_enable_x64 else "float32"
-    dtype = assemble.set_precision(precision)
-    if observe is None:
-        observe = [f for f in meta.fields if f in system.fields] or list(meta.fields)
-    cfg = FitConfig(
-        system=SystemConfig(
-            name=system.name, params=dict(params or {}), dt=float(dt or meta.dt),
-            integrator=integrator,
-            grid=GridConfig(list(meta.grid_shape), list(meta.grid_spacing),
-                            list(meta.boundaries))),
-        data=DataConfig(path=str(ds.path),
-                        frames=None if frames is None else list(frames),
-                        experiments=None if experiments is None else list(experiments)),
-        observe=ObserveConfig(fields=list(observe), stride=stride, loss=loss),
-        fit=FitSpecConfig(params=list(fit), start=dict(start or {}),
-                          perturb=None if perturb is None else PerturbConfig(*perturb),
-                          transforms=dict(transforms or {}),
-                          initial_fields=dict(initial_fields or {})),
-        adjoint=AdjointConfig(kind=adjoint, snapshots=snapshots),
-        regularization=RegularizationConfig(**dict(regularization or {})),
-        precision=precision)
-    return assemble.build_fit(cfg, Path(ds.path), dtype, system=system)
+    with contextlib.ExitStack() as cleanup:
+        if isinstance(dataset, Mapping):
+            if grid is None or dt is None:
+                raise ValueError("frames in memory need grid= and dt=")
+            # Everything is read into arrays while the problem is built; then it goes.
+            tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pdefit-frames-"))
+            dataset = frames_dataset(Path(tmp) / "frames.zarr", system, dataset, grid, dt,
+                                     frame_interval or dt)
+        ds = dataset if isinstance(dataset, zd.Dataset) else open_dataset(dataset)
+        meta = ds.meta
+        if precision is None:
+            precision = "float64" if jax.config.jax_enable_x64 else "float32"
+        dtype = assemble.set_precision(precision)
+        if observe is None:
+            observe = [f for f in meta.fields if f in system.fields] or list(meta.fields)
+        cfg = FitConfig(
+            system=SystemConfig(
+                name=system.name, params=dict(params or {}), dt=float(dt or meta.dt),
+                integrator=integrator,
+                grid=GridConfig(list(meta.grid_shape), list(meta.grid_spacing),
+                                list(meta.boundaries))),
+            data=DataConfig(path=str(ds.path),
+                            frames=None if frames is None else list(frames),
+                            experiments=None if experiments is None else list(experiments)),
+            observe=ObserveConfig(fields=list(observe), stride=stride, loss=loss),
+            fit=FitSpecConfig(params=list(fit), start=dict(start or {}),
+                              perturb=None if perturb is None else PerturbConfig(*perturb),
+                              transforms=dict(transforms or {}),
+                              initial_fields=dict(initial_fields or {})),
+            adjoint=AdjointConfig(kind=adjoint, snapshots=snapshots),
+            regularization=RegularizationConfig(**dict(regularization or {})),
+            precision=precision)
+        return assemble.build_fit(cfg, Path(ds.path), dtype, system=system)
+
+
+def frames_dataset(path: str | PathLike, system: System, frames: Mapping[str, Any],
+                   grid: Grid, dt: float, frame_interval: float) -> Path:
+    """Write frames in memory (field → ``(n_frames, ny, nx)`` or ``(n_experiments,
+    n_frames, ny, nx)``, NaN where unobserved) as a dataset of ``system`` at ``path``."""
+    arrays = {k: np.asarray(v, np.float32) for k, v in frames.items()}
+    arrays = {k: v[None] if v.ndim == 3 else v for k, v in arrays.items()}
+    shapes = {v.shape for v in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 4:
+        raise ValueError(f"frames must share one shape (n_frames, ny, nx) or (n_experiments, "
+                         f"n_frames, ny, nx); got {({k: v.shape for k, v in arrays.items()})}")
+    n_experiments, n_frames = next(iter(shapes))[:2]
+    steps = round(frame_interval / dt)
+    if steps < 1 or abs(steps * dt - frame_interval) > 1e-9 * frame_interval:
+        raise ValueError(f"frame_interval={frame_interval} is not a multiple of dt={dt}")
+    meta = zd.DatasetMeta(
+        system=system.name, fields=tuple(arrays), grid_shape=grid.shape,
+        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(dt),
+        steps_per_frame=steps, t0=0.0, n_frames=n_frames, n_experiments=n_experiments)
+    masks = {k: np.isfinite(v) for k, v in arrays.items() if not np.isfinite(v).all()}
+    zd.write_dataset(path, meta, arrays, masks)
+    return Path(path)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,23 @@ def test_api_and_command_line_build_the_same_problem(ap_zarr):
     np.testing.assert_allclose(float(loss_api), float(loss_cli), rtol=1e-12)
 
 
+def test_frames_in_memory_give_the_same_problem(ap_zarr):
+    ds = pdefit.open_dataset(ap_zarr)
+    meta = ds.meta
+    frames = {name: ds.read(name)[0] for name in meta.fields}  # (n_frames, ny, nx) each
+    grid = pdefit.Grid(meta.grid_shape, meta.grid_spacing, meta.boundaries)
+    common = {"fit": ["k"], "start": {"k": 6.0}, "frames": [0, 1, 2]}
+    memory = pdefit.build_problem("aliev_panfilov", frames, grid=grid, dt=meta.dt,
+                                  frame_interval=meta.frame_interval, **common)
+    disk = pdefit.build_problem("aliev_panfilov", ds, **common)
+    assert memory.reference is None and disk.reference["k"] == 8.0
+    loss = jax.jit(disk.problem.loss)
+    assert float(loss(memory.theta0, memory.batch)) == float(loss(disk.theta0, disk.batch))
+    with pytest.raises(ValueError, match="not a multiple of dt"):
+        pdefit.build_problem("aliev_panfilov", frames, grid=grid, dt=meta.dt,
+                             frame_interval=0.7 * meta.dt, **common)
+
+
 def test_api_rejects_bad_input_before_compiling(ap_zarr):
     with pytest.raises(assemble.ConfigError, match=r"fit: unknown parameter\(s\) \['kk'\]"):
         pdefit.build_problem("aliev_panfilov", ap_zarr, fit=["kk"])
