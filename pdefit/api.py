@@ -2,11 +2,11 @@
 
     import pdefit
 
-    system = pdefit.get_system("aliev_panfilov")             # or "my_pkg.models:GrayScott"
-    setup = pdefit.build_problem(system, "data.zarr", fit=["k", "a"],
-                                 start={"k": 6.0, "a": 0.1})
+    ds = pdefit.open_dataset("data.zarr")
+    system = pdefit.get_system(ds.meta.system)                # or "my_pkg.models:GrayScott"
+    setup = pdefit.build_problem(system, ds, fit=["F", "k"], start={"F": 0.05, "k": 0.05})
     result = pdefit.fit(setup, optimizer="lbfgs", steps=50)
-    print(result.params)                                      # {"k": 8.0…, "a": 0.15…}
+    print(result.params, result.relative_errors())
 
 :func:`build_problem` fills in the same config schema the command line uses
 (:mod:`pdefit.config`) and hands it to :func:`pdefit.assemble.build_fit`, so both paths run one
@@ -61,10 +61,9 @@ FitSetup = assemble.FitSetup
 
 
 def get_system(name: str, **options: Any) -> System:
-    """The system called ``name``: a built-in one (``"aliev_panfilov"``, ``"bocf"``,
-    ``"rayleigh_benard"``, ``"sphere_ns"``), an import path ``"package.module:Class"`` or a
-    name installed under the ``pdefit.systems`` entry-point group; ``options`` are its static
-    options (e.g. ``laplacian="9pt"``)."""
+    """The system called ``name``: a built-in one (the names of ``pdefit.systems.REGISTRY``),
+    an import path ``"package.module:Class"`` or a name installed under the ``pdefit.systems``
+    entry-point group; ``options`` are its static options (e.g. ``laplacian="9pt"``)."""
     return _get_system(name, **options)
 
 
