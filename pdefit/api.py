@@ -234,9 +234,9 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
 
     state, history = run_fit(
         problem.loss, setup.theta0, setup.batch, cfg, describe=describe, progress=progress,
-        log=log.warning, curvature=curvature,
+        log=log.info, curvature=curvature,
         metrics_path=None if out is None else out / "metrics.jsonl",
-        checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR, 25, 3))
+        checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR))
     theta = history.best_theta
     physical = problem.physical_params(theta)
     fitted = {}

@@ -92,6 +92,16 @@ def test_frames_in_memory_give_the_same_problem(ap_zarr):
                              frame_interval=0.7 * meta.dt, **common)
 
 
+def test_fit_with_a_run_directory_resumes(ap_zarr, tmp_path):
+    setup = pdefit.build_problem("aliev_panfilov", ap_zarr, fit=["k"], start={"k": 6.0},
+                                 frames=[0, 1])
+    first = pdefit.fit(setup, optimizer="adam", steps=2, lr=0.05, run_dir=tmp_path)
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 2
+    again = pdefit.fit(setup, optimizer="adam", steps=4, lr=0.05, run_dir=tmp_path)
+    assert first.steps == 2 and again.steps == 4 and again.history.restarts == 1
+    assert again.losses[:2] == first.losses[:2]
+
+
 def test_api_rejects_bad_input_before_compiling(ap_zarr):
     with pytest.raises(assemble.ConfigError, match=r"fit: unknown parameter\(s\) \['kk'\]"):
         pdefit.build_problem("aliev_panfilov", ap_zarr, fit=["kk"])

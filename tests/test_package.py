@@ -87,6 +87,7 @@ def test_wheel_runs_every_command_outside_the_source_tree(tmp_path):
     assert checks["version"] == "0.1.0"
     assert not checks["top_level_systems"]
     assert sorted(checks["help"]) == sorted(SCRIPTS)
+    assert all((venv / "bin" / name).is_file() for name in SCRIPTS)
     for name, text in checks["help"].items():
         assert "usage" in text.lower() or "override" in text.lower(), (name, text[:500])
     assert "system: aliev_panfilov" in checks["help"]["pdefit-fit"]  # the packaged config
