@@ -20,22 +20,22 @@ SCRIPTS = ("pdefit-simulate", "pdefit-fit", "pdefit-gradcheck", "pdefit-rank",
            "pdefit-evaluate", "pdefit-lyapunov", "pdefit-sweep-summary")
 
 # Run inside the fresh environment: the package comes from its site-packages, and every
-# console script's entry point answers --help (in one process: each would pay JAX's import).
+# installed console script answers --help (its script file run in this one process: each
+# process would pay JAX's import).
 CHECKS = r"""
-import contextlib, importlib.metadata as md, importlib.util, io, json, sys
+import contextlib, importlib.util, io, json, runpy, sys
+from pathlib import Path
 import pdefit
 out = {"file": pdefit.__file__, "version": pdefit.__version__,
        "top_level_systems": importlib.util.find_spec("systems") is not None, "help": {}}
-for ep in md.distribution("pdefit").entry_points:
-    if ep.group != "console_scripts":
-        continue
-    main, sys.argv, text = ep.load(), [ep.name, "--help"], io.StringIO()
+for script in sys.argv[1:]:
+    sys.argv, text = [script, "--help"], io.StringIO()
     with contextlib.redirect_stdout(text):
         try:
-            main()
+            runpy.run_path(script, run_name="__main__")
         except SystemExit as exit:
-            assert exit.code in (0, None), (ep.name, exit.code)
-    out["help"][ep.name] = text.getvalue()
+            assert exit.code in (0, None), (script, exit.code)
+    out["help"][Path(script).name] = text.getvalue()
 print(json.dumps(out))
 """
 
@@ -81,18 +81,18 @@ def test_wheel_runs_every_command_outside_the_source_tree(tmp_path):
     elsewhere.mkdir()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     env["JAX_PLATFORMS"] = "cpu"
-    checks = json.loads(_run([python, "-c", CHECKS], cwd=elsewhere, env=env).stdout
+    scripts = [str(venv / "bin" / name) for name in SCRIPTS]
+    checks = json.loads(_run([python, "-c", CHECKS, *scripts], cwd=elsewhere, env=env).stdout
                         .strip().splitlines()[-1])
     assert Path(checks["file"]).is_relative_to(site), checks["file"]
     assert checks["version"] == "0.1.0"
     assert not checks["top_level_systems"]
     assert sorted(checks["help"]) == sorted(SCRIPTS)
-    assert all((venv / "bin" / name).is_file() for name in SCRIPTS)
     for name, text in checks["help"].items():
-        assert "usage" in text.lower() or "override" in text.lower(), (name, text[:500])
-    assert "system: aliev_panfilov" in checks["help"]["pdefit-fit"]  # the packaged config
+        assert len(text.splitlines()) >= 2, (name, text)
 
-    # A short real fit, by the installed script, simulating its own data.
+    # A short real fit, by the installed script, simulating its own data (the packaged
+    # configs: the default system group, conf/system/aliev_panfilov.yaml).
     run_dir = elsewhere / "run"
     fit = _run([venv / "bin" / "pdefit-fit", f"run.dir={run_dir}", "run.plots=false",
                 "run.progress=false", "system.grid.shape=[16,16]",
@@ -103,4 +103,7 @@ def test_wheel_runs_every_command_outside_the_source_tree(tmp_path):
     assert summary["system"] == "aliev_panfilov" and summary["optimizer_steps"] == 2
     assert "recovered" in fit.stdout
     print(f"wheel {wheel.name}: {len(names)} files; pdefit {checks['version']} from "
-          f"{checks['file']}; --help answered by {sorted(checks['help'])}\n{fit.stdout}")
+          f"{checks['file']}")
+    for name, text in sorted(checks["help"].items()):
+        print(f"{name} --help: {len(text.splitlines())} lines, first: {text.splitlines()[0]!r}")
+    print(fit.stdout)
