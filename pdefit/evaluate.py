@@ -10,14 +10,18 @@ import numpy as np
 
 def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
                     recovered: Mapping[str, float], truth: Mapping[str, float] | None,
+                    units: Mapping[str, str] | None = None,
                     ) -> list[dict[str, float | str | None]]:
+    """One row per fitted scalar: start, recovered and true value, their relative errors
+    and the parameter's unit (``units``: name → unit, e.g. from ``ParamSpec.unit``)."""
     rows = []
     for name in fitted:
         true = None if truth is None else truth.get(name)
         rel = None if true in (None, 0) else abs(recovered[name] - true) / abs(true)
         rel0 = None if true in (None, 0) else abs(start[name] - true) / abs(true)
-        rows.append({"name": name, "start": start[name], "recovered": recovered[name],
-                     "true": true, "start_rel_error": rel0, "rel_error": rel})
+        rows.append({"name": name, "unit": (units or {}).get(name, ""), "start": start[name],
+                     "recovered": recovered[name], "true": true, "start_rel_error": rel0,
+                     "rel_error": rel})
     return rows
 
 
@@ -30,19 +34,38 @@ def error_summary(rows: Sequence[Mapping]) -> dict[str, float | None]:
             "max_rel_error": float(np.max(errors))}
 
 
+def format_percent(fraction: float | None) -> str:
+    """A relative error as a percentage in significant figures: three of them from 0.1 %
+    up, else two in scientific notation, so a tiny error never prints as ``0.000 %``."""
+    if fraction is None:
+        return "—"
+    percent = 100.0 * fraction
+    if percent == 0 or not np.isfinite(percent):
+        return f"{percent:g} %"
+    if abs(percent) >= 0.1:
+        return f"{percent:.3g} %"
+    return f"{percent:.1e} %"
+
+
+def format_error_summary(summary: Mapping[str, float | None]) -> str:
+    """``mean relative error …, median …, max …`` of :func:`error_summary`'s result."""
+    return (f"mean relative error {format_percent(summary['mean_rel_error'])}, median "
+            f"{format_percent(summary['median_rel_error'])}, max "
+            f"{format_percent(summary['max_rel_error'])}")
+
+
 def format_table(rows: Sequence[Mapping]) -> str:
     def num(x):
         return "—" if x is None else f"{x:.6g}"
 
-    def pct(x):
-        return "—" if x is None else f"{100 * x:.3f} %"
-
-    lines = [f"{'parameter':<10} {'start':>12} {'recovered':>12} {'true':>12} "
-             f"{'start err':>11} {'error':>11}"]
+    width = max([len("unit"), *(len(r.get("unit") or "") for r in rows)])
+    lines = [f"{'parameter':<10} {'unit':<{width}} {'start':>12} {'recovered':>12} "
+             f"{'true':>12} {'start err':>11} {'error':>11}"]
     for r in rows:
-        lines.append(f"{r['name']:<10} {num(r['start']):>12} {num(r['recovered']):>12} "
-                     f"{num(r['true']):>12} {pct(r['start_rel_error']):>11} "
-                     f"{pct(r['rel_error']):>11}")
+        lines.append(f"{r['name']:<10} {r.get('unit') or '':<{width}} {num(r['start']):>12} "
+                     f"{num(r['recovered']):>12} {num(r['true']):>12} "
+                     f"{format_percent(r['start_rel_error']):>11} "
+                     f"{format_percent(r['rel_error']):>11}")
     return "\n".join(lines)
 
 
