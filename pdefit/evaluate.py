@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -69,47 +70,95 @@ def format_table(rows: Sequence[Mapping]) -> str:
     return "\n".join(lines)
 
 
-def plot_loss(losses: Sequence[float], path: Path) -> None:
+def unit_label(name: str, unit: str) -> str:
+    """An axis or colour-bar label: ``name [unit]``, ``name (dimensionless)`` for unit "1",
+    the bare name where no unit is known."""
+    if not unit:
+        return name
+    return f"{name} (dimensionless)" if unit == "1" else f"{name} [{unit}]"
+
+
+def time_title(t: float, unit: str) -> str:
+    """``t = 6.5 ms`` (no unit where it is unknown or dimensionless)."""
+    return f"t = {t:.4g}" + ("" if unit in ("", "1") else f" {unit}")
+
+
+def describe_loss(loss: str, fields: Sequence[str], regularized: Sequence[str] = ()) -> str:
+    """What a fit minimises, for plot labels: ``MSE of u, v`` or ``relative MSE of u, v``,
+    plus the named regularisation terms."""
+    kind = {"mse": "MSE", "relative_mse": "relative MSE"}.get(loss, loss)
+    text = f"{kind} of {', '.join(fields)}"
+    return text + (f" + regularisation ({', '.join(regularized)})" if regularized else "")
+
+
+def plot_loss(losses: Sequence[float], path: Path, description: str = "loss") -> None:
+    """The loss per optimiser step on a log axis, titled with what it measures."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
     ax.semilogy(np.arange(len(losses)), losses)
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("loss")
+    ax.set_title(f"loss = {description}", fontsize=9)
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def plot_fields(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.ndarray],
-                times: Sequence[float], path: Path) -> None:
-    """Observed and predicted frames side by side: rows are (field, observed/predicted),
-    columns a few times."""
+                times: Sequence[float], path: Path, units: Mapping[str, str] | None = None,
+                time_unit: str = "", labels: tuple[str, str] = ("observed", "predicted"),
+                ) -> None:
+    """:func:`fields_figure` written to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = fields_figure(observed, predicted, times, units, time_unit, labels)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def fields_figure(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.ndarray],
+                  times: Sequence[float], units: Mapping[str, str] | None = None,
+                  time_unit: str = "", labels: tuple[str, str] = ("observed", "predicted"),
+                  ) -> Any:
+    """Per field three rows — observed, predicted and their difference (predicted −
+    observed) — and one column per time, each row with a colour bar labelled with the
+    field's unit; observed and predicted share a colour scale, the difference has its own,
+    symmetric one. NaN in ``observed`` marks unobserved points. ``labels`` names the two
+    kinds of frames (e.g. truth and model of a forecast)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(observed)
     n_cols = len(times)
-    fig, axes = plt.subplots(2 * len(names), n_cols, figsize=(2.2 * n_cols, 4.2 * len(names)),
+    fig, axes = plt.subplots(3 * len(names), n_cols, figsize=(2.2 * n_cols + 1.2,
+                                                             6.3 * len(names)),
                              squeeze=False, layout="constrained")
     for i, name in enumerate(names):
-        lo = float(np.nanmin(observed[name]))
-        hi = float(np.nanmax(observed[name]))
-        for j in range(n_cols):
-            for k, (label, frames) in enumerate((("observed", observed), ("predicted", predicted))):
-                ax = axes[2 * i + k, j]
-                ax.imshow(frames[name][j], vmin=lo, vmax=hi, origin="lower", cmap="viridis")
-                ax.set_xticks([])
-                ax.set_yticks([])
-                if j == 0:
-                    ax.set_ylabel(f"{name} {label}")
-                if i == 0 and k == 0:
-                    ax.set_title(f"t = {times[j]:.3g}")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        label = unit_label(name, (units or {}).get(name, ""))
+        obs, pred = np.asarray(observed[name]), np.asarray(predicted[name])
+        residual = pred - obs
+        lo, hi = float(np.nanmin(obs)), float(np.nanmax(obs))
+        span = float(np.nanmax(np.abs(residual))) or 1.0
+        rows = ((labels[0], obs, {"vmin": lo, "vmax": hi, "cmap": "viridis"}, label),
+                (labels[1], pred, {"vmin": lo, "vmax": hi, "cmap": "viridis"}, label),
+                ("difference", residual, {"vmin": -span, "vmax": span, "cmap": "RdBu_r"},
+                 label))
+        for k, (row_name, frames, kwargs, bar_label) in enumerate(rows):
+            row = axes[3 * i + k]
+            for j in range(n_cols):
+                image = row[j].imshow(frames[j], origin="lower", **kwargs)
+                row[j].set_xticks([])
+                row[j].set_yticks([])
+            row[0].set_ylabel(f"{name} {row_name}")
+            fig.colorbar(image, ax=list(row), shrink=0.9, label=bar_label)
+    for j, t in enumerate(times):
+        axes[0, j].set_title(time_title(t, time_unit))
+    fig.suptitle(f"difference = {labels[1]} − {labels[0]}", fontsize=9)
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------
@@ -211,7 +260,7 @@ def lyapunov_exponent(times: np.ndarray, separation: np.ndarray) -> dict[str, fl
 
 
 def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end: float,
-                  path: Path, ylabel: str = "MAE", time_unit: str = "") -> None:
+                  path: Path, ylabel: str = "MAE", xlabel: str = "time") -> None:
     """Error curves versus time on a log axis, with the end of the training window marked."""
     import matplotlib
     matplotlib.use("Agg")
@@ -221,7 +270,7 @@ def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end
     for label, values in curves.items():
         ax.semilogy(times, np.maximum(np.asarray(values, dtype=np.float64), 1e-12), label=label)
     ax.axvline(train_end, color="k", ls="--", lw=1, label="end of training window")
-    ax.set_xlabel(f"time {time_unit}".strip())
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -230,7 +279,7 @@ def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end
 
 
 def plot_traces(times: np.ndarray, truth: np.ndarray, model: np.ndarray, train_end: float,
-                label: str, path: Path) -> None:
+                label: str, path: Path, xlabel: str = "time") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -239,36 +288,8 @@ def plot_traces(times: np.ndarray, truth: np.ndarray, model: np.ndarray, train_e
     ax.plot(times, truth, label="truth", lw=1.5)
     ax.plot(times, model, label="fitted model", lw=1, ls="--")
     ax.axvline(train_end, color="k", ls=":", lw=1)
-    ax.set_xlabel("time")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(label)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_difference_maps(truth: np.ndarray, model: np.ndarray, times: Sequence[float],
-                         label: str, path: Path) -> None:
-    """Rows truth / model / difference, one column per time."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(times)
-    fig, axes = plt.subplots(3, n, figsize=(2.3 * n, 6.6), squeeze=False, layout="constrained")
-    lo, hi = float(np.min(truth)), float(np.max(truth))
-    span = max(abs(lo), abs(hi), 1e-12)
-    for j, t in enumerate(times):
-        diff = model[j] - truth[j]
-        for i, (image, kwargs) in enumerate((
-                (truth[j], {"vmin": lo, "vmax": hi, "cmap": "viridis"}),
-                (model[j], {"vmin": lo, "vmax": hi, "cmap": "viridis"}),
-                (diff, {"vmin": -span, "vmax": span, "cmap": "RdBu_r"}))):
-            ax = axes[i, j]
-            ax.imshow(image, origin="lower", **kwargs)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        axes[0, j].set_title(f"t = {t:.4g}")
-    for i, name in enumerate(("truth", "model", "model − truth")):
-        axes[i, 0].set_ylabel(f"{label}: {name}")
-    fig.savefig(path, dpi=110)
     plt.close(fig)
