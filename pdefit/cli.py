@@ -37,7 +37,7 @@ from .gradcheck import taylor_test
 from .influence import format_ranking, rank_parameters, write_ranking
 from .integrate import simulate
 from .rundir import plain_config, register_resolvers, simulated_dataset
-from .system import field_attrs, stepper, time_unit
+from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, run_fit
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
@@ -159,7 +159,8 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     if lead:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
     if summary["mean_rel_error"] is not None:
         print(f"{format_error_summary(summary)}  (loss {losses[0]:.3e} → "
               f"{history.best_loss:.3e}, {wall:.1f} s)")
@@ -250,7 +251,7 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
     system = problem.system
     plot_fields(observed, predicted, [problem.t0 + s * problem.dt for s in steps], path,
                 units={f: field_attrs(system, f)["units"] for f in observed},
-                time_unit=time_unit(system))
+                time_unit=time_unit(system), origin=image_origin(system, problem.grid))
 
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")

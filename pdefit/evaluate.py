@@ -110,11 +110,11 @@ def plot_loss(losses: Sequence[float], path: Path, description: str = "loss") ->
 def plot_fields(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.ndarray],
                 times: Sequence[float], path: Path, units: Mapping[str, str] | None = None,
                 time_unit: str = "", labels: tuple[str, str] = ("observed", "predicted"),
-                ) -> None:
+                origin: str = "lower") -> None:
     """:func:`fields_figure` written to ``path``."""
     import matplotlib.pyplot as plt
 
-    fig = fields_figure(observed, predicted, times, units, time_unit, labels)
+    fig = fields_figure(observed, predicted, times, units, time_unit, labels, origin)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
@@ -122,12 +122,13 @@ def plot_fields(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.n
 def fields_figure(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.ndarray],
                   times: Sequence[float], units: Mapping[str, str] | None = None,
                   time_unit: str = "", labels: tuple[str, str] = ("observed", "predicted"),
-                  ) -> Any:
+                  origin: str = "lower") -> Any:
     """Per field three rows — observed, predicted and their difference (predicted −
     observed) — and one column per time, each row with a colour bar labelled with the
     field's unit; observed and predicted share a colour scale, the difference has its own,
     symmetric one. NaN in ``observed`` marks unobserved points. ``labels`` names the two
-    kinds of frames (e.g. truth and model of a forecast)."""
+    kinds of frames (e.g. truth and model of a forecast). ``origin``: where row 0 is drawn
+    (matplotlib's ``imshow``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -150,7 +151,7 @@ def fields_figure(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np
         for k, (row_name, frames, kwargs, bar_label) in enumerate(rows):
             row = axes[3 * i + k]
             for j in range(n_cols):
-                image = row[j].imshow(frames[j], origin="lower", **kwargs)
+                image = row[j].imshow(frames[j], origin=origin, **kwargs)
                 row[j].set_xticks([])
                 row[j].set_yticks([])
             row[0].set_ylabel(f"{name} {row_name}")

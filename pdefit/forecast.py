@@ -36,7 +36,7 @@ from .evaluate import (
     validity_horizon,
 )
 from .fitted import FITTED_FILE, FittedFileError, load_fitted
-from .system import stepper
+from .system import image_origin, stepper
 
 
 class EvaluationError(ValueError):
@@ -253,7 +253,7 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     plot_fields({image: truth_images[picks]}, {image: model_images[picks]},
                 [times[i] for i in picks], run_dir / "difference_maps.png",
                 units={image: image_unit}, time_unit=meta.time_unit,
-                labels=("truth", "model"))
+                labels=("truth", "model"), origin=image_origin(truth_system, grid))
     result["wall_time_s"] = time.perf_counter() - started
     (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
     return result

@@ -84,6 +84,13 @@ def spatial_axes(system: System, grid: Grid) -> tuple[tuple[str, np.ndarray, str
                  for name, n, h in zip(names, grid.shape, grid.spacing, strict=True))
 
 
+def image_origin(system: System, grid: Grid) -> str:
+    """Matplotlib's ``origin`` that draws the grid's first axis increasing upwards (so a
+    latitude axis stored north to south is drawn north up)."""
+    values = spatial_axes(system, grid)[0][1]
+    return "lower" if values[-1] >= values[0] else "upper"
+
+
 def dataset_labels(system: System, grid: Grid, fields: Any, params: Any) -> dict[str, Any]:
     """Units, long names and coordinates a dataset of ``fields`` and true ``params`` of this
     system carries (keyword arguments of :class:`pdefit.data.DatasetMeta`)."""

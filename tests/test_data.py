@@ -212,6 +212,7 @@ def test_xarray_reads_every_systems_dataset(tmp_path: Path, system: str) -> None
     from hydra import compose, initialize_config_dir
 
     from pdefit import assemble, cli
+    from pdefit.system import image_origin
 
     overrides, axes = SYSTEM_DATASETS[system]
     conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
@@ -245,6 +246,9 @@ def test_xarray_reads_every_systems_dataset(tmp_path: Path, system: str) -> None
         np.testing.assert_allclose(ds[axes[1]].values, (np.arange(nx) + 0.5) * hx)
         assert ds[axes[0]].attrs["units"] == ds[axes[1]].attrs["units"] == space
     assert ds.attrs["param_attrs"][next(iter(meta.true_params))]["long_name"]
+    # Plots draw the first axis increasing upwards: the sphere's latitudes north up.
+    assert image_origin(made_by, assemble.make_grid(cfg.system)) == (
+        "upper" if system == "sphere_ns" else "lower")
 
 
 def test_create_refuses_existing_and_foreign_paths(tmp_path: Path, written: tuple) -> None:
