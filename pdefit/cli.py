@@ -226,7 +226,8 @@ def _loss_description(problem) -> str:
         ("parameter L2", reg.params or any(w for _, w in reg.param_l2)),
         ("field L2", reg.fields), ("smoothness", any(w for _, w in reg.smoothness))) if on]
     terms += [name for name, weight in reg.system if weight]
-    return describe_loss(problem.observation.loss, problem.observation.fields, terms)
+    return describe_loss(problem.observation.loss, problem.observation.fields, terms,
+                         dict(problem.observation.field_weights))
 
 
 def _plot_prediction(problem, setup, theta, path: Path) -> None:

@@ -83,11 +83,15 @@ def time_title(t: float, unit: str) -> str:
     return f"t = {t:.4g}" + ("" if unit in ("", "1") else f" {unit}")
 
 
-def describe_loss(loss: str, fields: Sequence[str], regularized: Sequence[str] = ()) -> str:
-    """What a fit minimises, for plot labels: ``MSE of u, v`` or ``relative MSE of u, v``,
+def describe_loss(loss: str, fields: Sequence[str], regularized: Sequence[str] = (),
+                  weights: Mapping[str, float] | None = None) -> str:
+    """What a fit minimises, for plot labels: the sum over observed fields of each one's
+    (weighted) misfit — ``MSE(u) + MSE(v)``, ``relative MSE(u) + 2·relative MSE(v)`` —
     plus the named regularisation terms."""
     kind = {"mse": "MSE", "relative_mse": "relative MSE"}.get(loss, loss)
-    text = f"{kind} of {', '.join(fields)}"
+    weights = weights or {}
+    text = " + ".join(f"{kind}({f})" if weights.get(f, 1.0) == 1.0
+                      else f"{weights[f]:g}·{kind}({f})" for f in fields)
     return text + (f" + regularisation ({', '.join(regularized)})" if regularized else "")
 
 

@@ -70,8 +70,8 @@ def test_field_figure_has_colour_bars_residual_rows_and_units():
     assert [images[j].get_title() for j in range(2)] == ["t = 0 ms", "t = 6.45 ms"]
     difference = images[4].get_images()[0].get_array()
     assert difference[0, 1] == pytest.approx(0.5) and np.ma.is_masked(difference[0, 0])
-    assert describe_loss("relative_mse", ["u", "v"], ["smoothness"]) == (
-        "relative MSE of u, v + regularisation (smoothness)")
+    assert describe_loss("relative_mse", ["u", "v"], ["smoothness"], {"v": 2.0}) == (
+        "relative MSE(u) + 2·relative MSE(v) + regularisation (smoothness)")
 
 
 def pulses(times, starts, n_pixels, speed=0.0):
