@@ -157,6 +157,8 @@ class DatasetMeta:
     axes: tuple[Axis, Axis] | None = field(default=None, hash=False)
     field_attrs: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
     param_attrs: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
+    # name -> dimension names of the array true_<name> (default <name>_dim<i>)
+    true_array_dims: dict[str, list[str]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
         if self.axes is None and _is_pair(self.grid_shape, int) and _is_pair(
@@ -298,6 +300,14 @@ def _label_problems(meta: DatasetMeta) -> list[str]:
             problems.append(f"{what} must be a dict name -> {{str: str}}, got {attrs!r}")
         elif names is not None and isinstance(names, tuple) and set(attrs) - set(names):
             problems.append(f"{what} names unknown fields {sorted(set(attrs) - set(names))}")
+    dims, shapes = meta.true_array_dims, meta.true_arrays
+    if not (isinstance(dims, dict) and isinstance(shapes, dict) and all(
+            k in shapes and isinstance(v, list | tuple) and len(v) == len(shapes[k])
+            and all(isinstance(d, str) and _FIELD_NAME.fullmatch(d)
+                    and d not in _reserved_names(meta) for d in v)
+            for k, v in dims.items())):
+        problems.append("true_array_dims must name each dimension of a declared true array "
+                        f"(not a coordinate's name), got {dims!r}")
     return problems
 
 
@@ -370,6 +380,8 @@ def _meta_to_attrs(meta: DatasetMeta) -> dict[str, Any]:
     attrs["time_unit"] = meta.time_unit
     attrs["field_attrs"] = meta.field_attrs
     attrs["param_attrs"] = meta.param_attrs
+    if meta.true_array_dims:
+        attrs["true_array_dims"] = {k: list(v) for k, v in meta.true_array_dims.items()}
     try:
         # Fail with a clear message instead of deep inside zarr's JSON encoder.
         return json.loads(json.dumps(attrs))
@@ -406,6 +418,7 @@ def _meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str,
             axes=axes,
             field_attrs=attrs.get("field_attrs", {}),
             param_attrs=attrs.get("param_attrs", {}),
+            true_array_dims=attrs.get("true_array_dims", {}),
         )
     except KeyError as exc:
         raise DatasetError(f"{where}: attribute {exc.args[0]!r} is missing") from exc
@@ -575,8 +588,8 @@ def create_dataset(
         # One chunk: written once, by one writer (write_true_array), read whole.
         group.create_array(TRUE_PREFIX + name, shape=tuple(array_shape), dtype="float64",
                            chunks=tuple(array_shape), fill_value=np.nan,
-                           dimension_names=tuple(f"{name}_dim{i}"
-                                                 for i in range(len(array_shape))),
+                           dimension_names=tuple(meta.true_array_dims.get(name) or (
+                               f"{name}_dim{i}" for i in range(len(array_shape)))),
                            attributes=_cf_attrs(meta.param_attrs.get(name, {})))
     # Last, so the "format" marker only appears once the dataset is complete.
     group.attrs.update(attrs)

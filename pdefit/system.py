@@ -21,7 +21,8 @@ closed over by jitted functions. It provides:
   ``space_unit`` (CF-style unit strings, "1" for dimensionless), ``field_info`` (field or
   observable name → (units, long name)), ``axis_names`` (the grid's two dimension names,
   default ("y", "x")) or, for a grid that is not uniform, ``axes(grid)`` giving both axes as
-  (name, coordinate values, units, long name).
+  (name, coordinate values, units, long name); ``param_dims`` (array parameter name → the
+  names of its dimensions).
 
 Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call collectives.
 """
@@ -101,6 +102,8 @@ def dataset_labels(system: System, grid: Grid, fields: Any, params: Any) -> dict
         "field_attrs": {f: field_attrs(system, f) for f in fields},
         "param_attrs": {p: {"units": system.params[p].unit, "long_name": system.params[p].doc}
                         for p in params if p in system.params},
+        "true_array_dims": {p: list(dims) for p, dims in getattr(system, "param_dims", {}).items()
+                            if p in params and system.params[p].shape},
     }
 
 

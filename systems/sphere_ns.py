@@ -267,6 +267,8 @@ class SphereNS:
         "u_theta": ("1", "southward velocity u_θ (R/time)"),
         "u_phi": ("1", "eastward velocity u_φ (R/time)"),
     }
+    param_dims: ClassVar[dict[str, tuple[str, ...]]] = {
+        "force": ("force_time", "force_component", "force_colatitude", "force_longitude")}
 
     @property
     def params(self) -> dict[str, ParamSpec]:

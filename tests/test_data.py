@@ -238,6 +238,7 @@ def test_xarray_reads_every_systems_dataset(tmp_path: Path, system: str) -> None
         assert -90 < lat.min() < lat.max() < 90
         np.testing.assert_allclose(lon, 360.0 * np.arange(nx) / nx)
         force = ds["true_force"]
+        assert force.dims == made_by.param_dims["force"]
         assert force.shape == (2, 2, 3, 4) and np.isfinite(force.values).all()
         assert force.attrs["units"] == made_by.params["force"].unit
     else:
@@ -273,6 +274,15 @@ def test_invalid_meta_rejected() -> None:
         make_meta(fields=("u", "mask_u"))
     with pytest.raises(DatasetError, match="noise"):
         make_meta(noise={"kind": "additive", "sigma": 0.1})  # no seed
+    z_axis = ("z", tuple(np.arange(NY) + 0.5), "m", "height")
+    with pytest.raises(DatasetError, match="axis 'x' has 3 coordinates"):
+        make_meta(axes=(z_axis, ("x", (0.0, 1.0, 2.0))))
+    with pytest.raises(DatasetError, match="reserved"):
+        make_meta(fields=("u", "z"), axes=(z_axis, ("x", tuple(range(NX)))))
+    with pytest.raises(DatasetError, match="field_attrs names unknown fields"):
+        make_meta(field_attrs={"w": {"units": "1"}})
+    with pytest.raises(DatasetError, match="true_array_dims"):
+        make_meta(true_arrays={"f": [2, 3]}, true_array_dims={"f": ["time", "k"]})
 
 
 # -------------------------------------------------------------------- parallel-style writes
