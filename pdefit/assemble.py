@@ -25,7 +25,7 @@ from .observe import LOSSES, Observation, observable_names, observed_data
 from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
 from .problem import Batch, FitProblem, Regularization, system_penalties
-from .system import System, check_time_step, default_params, get_system, stepper
+from .system import System, check_time_step, dataset_labels, default_params, get_system, stepper
 
 log = logging.getLogger("pdefit")
 
@@ -239,7 +239,8 @@ def dataset_meta(cfg: Any) -> tuple[zd.DatasetMeta, System, Grid, dict[str, floa
         provenance=zd.make_provenance(_plain(cfg)),
         true_per_experiment=per_experiment or None,
         true_arrays={k: list(system.params[k].shape) for k in params
-                     if system.params[k].shape})
+                     if system.params[k].shape},
+        **dataset_labels(system, grid, fields, params))
     return meta, system, grid, params
 
 

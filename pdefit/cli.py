@@ -22,14 +22,22 @@ from . import assemble, batch, parallel
 from . import data as zd
 from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import CONF_DIR, register_configs
-from .evaluate import error_summary, format_table, parameter_table, plot_fields, plot_loss
+from .evaluate import (
+    describe_loss,
+    error_summary,
+    format_error_summary,
+    format_table,
+    parameter_table,
+    plot_fields,
+    plot_loss,
+)
 from .fitted import FITTED_FILE, save_fitted
 from .gauss_newton import gauss_newton
 from .gradcheck import taylor_test
 from .influence import format_ranking, rank_parameters, write_ranking
 from .integrate import simulate
 from .rundir import plain_config, register_resolvers, simulated_dataset
-from .system import stepper
+from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, run_fit
 
 log = logging.getLogger("pdefit")
@@ -135,7 +143,8 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     save_fitted(out / FITTED_FILE, theta, physical)  # for pdefit-evaluate and fit.start_from
     recovered = {k: float(v) for k, v in _describe(problem, theta).items()}
     rows = parameter_table(problem.layout.scalars, first.start_values, recovered,
-                           setup.reference)
+                           setup.reference,
+                           {n: problem.layout.specs[n].unit for n in problem.layout.scalars})
     summary = {
         "system": problem.system.name, "grid": list(problem.grid.shape),
         "n_steps": problem.n_steps, "schedule": str(problem.schedule),
@@ -149,13 +158,13 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     if lead:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(format_table(rows))
+    if rows:
+        print(format_table(rows))
     if summary["mean_rel_error"] is not None:
-        print(f"mean relative error {100 * summary['mean_rel_error']:.3f} %, median "
-              f"{100 * summary['median_rel_error']:.3f} %  (loss {losses[0]:.3e} → "
+        print(f"{format_error_summary(summary)}  (loss {losses[0]:.3e} → "
               f"{history.best_loss:.3e}, {wall:.1f} s)")
     if cfg.run.plots and lead:
-        plot_loss(losses, out / "loss.png")
+        plot_loss(losses, out / "loss.png", _loss_description(problem))
         if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
             _plot_prediction(problem, setup, theta, out / "fields.png")
     log.info(f"outputs in {out}")
@@ -208,8 +217,20 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
                    curvature=curvature)
 
 
+def _loss_description(problem) -> str:
+    """What the fit minimised: the observation misfit and the active penalties."""
+    reg = problem.regularization
+    terms = [name for name, on in (
+        ("parameter L2", reg.params or any(w for _, w in reg.param_l2)),
+        ("field L2", reg.fields), ("smoothness", any(w for _, w in reg.smoothness))) if on]
+    terms += [name for name, weight in reg.system if weight]
+    return describe_loss(problem.observation.loss, problem.observation.fields, terms,
+                         dict(problem.observation.field_weights))
+
+
 def _plot_prediction(problem, setup, theta, path: Path) -> None:
-    """Observed vs predicted frames (first experiment) at four times of the window."""
+    """Observed vs predicted frames and their difference (first experiment) at four times of
+    the window; unobserved points are left blank."""
     obs = setup.batch.observed
     slots = np.flatnonzero(np.asarray(obs.slot_of_step) >= 0)
     picks = np.unique(np.linspace(0, len(slots) - 1, 4).round().astype(int))
@@ -221,11 +242,15 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
         stepper(problem.system, problem.grid, problem.integrator), x0, params, problem.t0,
         problem.dt, problem.n_steps, every)
     steps = slots[picks]
-    observed = {f: parallel.host_array(obs.values[f])[0][picks]
+    observed = {f: np.where(parallel.host_array(obs.weights[f])[0][picks] > 0,
+                            parallel.host_array(obs.values[f])[0][picks], np.nan)
                 for f in problem.observation.fields}
     predicted = {f: np.asarray(v)[steps // every]
                  for f, v in problem.observation.project(frames).items()}
-    plot_fields(observed, predicted, [problem.t0 + s * problem.dt for s in steps], path)
+    system = problem.system
+    plot_fields(observed, predicted, [problem.t0 + s * problem.dt for s in steps], path,
+                units={f: field_attrs(system, f)["units"] for f in observed},
+                time_unit=time_unit(system), origin=image_origin(system, problem.grid))
 
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")

@@ -1,10 +1,15 @@
 """On-disk observation datasets: the Zarr v3 schema, writing, reading, validation and noise.
 
 One dataset is one Zarr v3 group.  Its attributes describe how the data were generated
-(system, grid, time stepping, true parameters, noise, provenance); its arrays hold the
-observation times ``t``, one float32 array per field with shape
+(system, grid, time stepping, true parameters, noise, provenance, units); its arrays hold the
+coordinates — observation times ``time``, ``experiment`` numbers and the two spatial axes
+(cell centres, or the system's own coordinates, e.g. latitude and longitude; named by the
+system, ``y``/``x`` by default) — one float32 array per field with shape
 ``(n_experiments, n_frames, ny, nx)`` and, optionally, a boolean ``mask_<field>`` array
-(True = observed) of the same shape and layout.
+(True = observed) of the same shape and layout.  Every array names its dimensions and
+carries CF-style ``units``/``long_name`` attributes where the system declares them, so
+``xarray.open_zarr(path, consolidated=False)`` gives a dataset indexed by time (format
+version 1, still read, called the times array ``t`` and had no coordinates or units).
 
 Truths beyond scalars (synthetic data): ``true_per_experiment`` (attributes) holds, per
 parameter that differs between experiments, its value in every experiment; each name in
@@ -32,6 +37,7 @@ This module deliberately imports only numpy and zarr, so it stays cheap to impor
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import json
 import math
@@ -50,6 +56,7 @@ import zarr.errors
 __all__ = [
     "FORMAT",
     "FORMAT_VERSION",
+    "Axis",
     "Dataset",
     "DatasetError",
     "DatasetMeta",
@@ -69,12 +76,15 @@ __all__ = [
 ]
 
 FORMAT = "pdefit-dataset"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 
-TIME_ARRAY = "t"
+TIME_ARRAY = "time"
+LEGACY_TIME_ARRAY = "t"  # format version 1
+EXPERIMENT_ARRAY = "experiment"
 MASK_PREFIX = "mask_"
 TRUE_PREFIX = "true_"
-FIELD_DIMS = ("experiment", "time", "y", "x")
+DEFAULT_AXIS_NAMES = ("y", "x")
 DEFAULT_FRAMES_PER_SHARD = 16
 
 # Field names become array names and must not collide with ``t`` or the mask arrays.
@@ -98,6 +108,20 @@ class DatasetError(ValueError):
 # --------------------------------------------------------------------------------------
 # Metadata
 # --------------------------------------------------------------------------------------
+
+
+class Axis(NamedTuple):
+    """One spatial axis of the grid: its dimension name, the coordinate of each row (or
+    column), and CF-style units and long name."""
+
+    name: str
+    values: tuple[float, ...]
+    units: str = ""
+    long_name: str = ""
+
+
+def _cell_centres(n: int, h: float) -> tuple[float, ...]:
+    return tuple(float((i + 0.5) * h) for i in range(n))
 
 
 @dataclass(frozen=True)
@@ -126,8 +150,28 @@ class DatasetMeta:
     true_per_experiment: dict[str, list[float]] | None = field(default=None, hash=False)
     # name -> shape of an array-valued true parameter, stored as array true_<name>
     true_arrays: dict[str, list[int]] = field(default_factory=dict, hash=False)
+    # Labels (CF-style): the unit of time; the grid's axes (None: cell centres (i + ½)·h
+    # named y, x, without unit); field name -> {"units", "long_name"}; the same for true
+    # parameters.
+    time_unit: str = ""
+    axes: tuple[Axis, Axis] | None = field(default=None, hash=False)
+    field_attrs: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
+    param_attrs: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
+    # name -> dimension names of the array true_<name> (default <name>_dim<i>)
+    true_array_dims: dict[str, list[str]] = field(default_factory=dict, hash=False)
 
     def __post_init__(self) -> None:
+        if self.axes is None and _is_pair(self.grid_shape, int) and _is_pair(
+                self.grid_spacing, float):
+            object.__setattr__(self, "axes", tuple(
+                Axis(name, _cell_centres(n, h), "", name) for name, n, h in zip(
+                    DEFAULT_AXIS_NAMES, self.grid_shape, self.grid_spacing, strict=True)))
+        elif isinstance(self.axes, tuple | list):
+            # Plain (name, values, units, long_name) tuples, e.g. from a system; what does
+            # not convert is reported by _meta_problems.
+            with contextlib.suppress(TypeError, ValueError, IndexError):
+                object.__setattr__(self, "axes", tuple(
+                    Axis(a[0], tuple(float(v) for v in a[1]), *a[2:]) for a in self.axes))
         problems = _meta_problems(self)
         if problems:
             raise DatasetError("invalid dataset metadata: " + "; ".join(problems))
@@ -154,10 +198,11 @@ def _meta_problems(meta: DatasetMeta) -> list[str]:
         for name in meta.fields:
             if not isinstance(name, str) or not _FIELD_NAME.fullmatch(name):
                 problems.append(f"field name {name!r} must match {_FIELD_NAME.pattern}")
-            elif name == TIME_ARRAY or name.startswith((MASK_PREFIX, TRUE_PREFIX)):
+            elif name in _reserved_names(meta) or name.startswith((MASK_PREFIX, TRUE_PREFIX)):
                 problems.append(f"field name {name!r} clashes with the reserved array names")
         if len(set(meta.fields)) != len(meta.fields):
             problems.append(f"field names must be unique, got {meta.fields!r}")
+    problems += _label_problems(meta)
     if not _is_pair(meta.grid_shape, int) or min(meta.grid_shape) < 1:
         problems.append(f"grid_shape must be two positive ints, got {meta.grid_shape!r}")
     if not _is_pair(meta.grid_spacing, float) or not all(
@@ -208,6 +253,61 @@ def _meta_problems(meta: DatasetMeta) -> list[str]:
         problems.append(str(exc))
     if not isinstance(meta.provenance, dict):
         problems.append(f"provenance must be a dict, got {meta.provenance!r}")
+    return problems
+
+
+def _reserved_names(meta: DatasetMeta) -> set[str]:
+    """Array names a field may not take: the coordinates'."""
+    names = {TIME_ARRAY, LEGACY_TIME_ARRAY, EXPERIMENT_ARRAY}
+    if isinstance(meta.axes, tuple):
+        names |= {getattr(a, "name", None) for a in meta.axes}
+    return names
+
+
+def _label_problems(meta: DatasetMeta) -> list[str]:
+    """Inconsistencies of the units, long names and axes of ``meta``."""
+    problems: list[str] = []
+    if not isinstance(meta.time_unit, str):
+        problems.append(f"time_unit must be a string, got {meta.time_unit!r}")
+    if meta.axes is not None:
+        axes = meta.axes
+        shape = meta.grid_shape if _is_pair(meta.grid_shape, int) else (None, None)
+        if not (isinstance(axes, tuple) and len(axes) == 2
+                and all(isinstance(a, Axis) for a in axes)):
+            problems.append(f"axes must be two (name, values, units, long_name), got {axes!r}")
+        else:
+            for axis, n in zip(axes, shape, strict=True):
+                if not (isinstance(axis.name, str) and _FIELD_NAME.fullmatch(axis.name)
+                        and axis.name not in (TIME_ARRAY, LEGACY_TIME_ARRAY, EXPERIMENT_ARRAY)
+                        and not axis.name.startswith((MASK_PREFIX, TRUE_PREFIX))):
+                    problems.append(f"axis name {axis.name!r} must match "
+                                    f"{_FIELD_NAME.pattern} and not be a reserved name")
+                if n is not None and len(axis.values) != n:
+                    problems.append(f"axis {axis.name!r} has {len(axis.values)} coordinates "
+                                    f"for a grid dimension of {n}")
+                if not all(math.isfinite(v) for v in axis.values):
+                    problems.append(f"axis {axis.name!r} has non-finite coordinates")
+                if not (isinstance(axis.units, str) and isinstance(axis.long_name, str)):
+                    problems.append(f"axis {axis.name!r}: units and long_name must be strings")
+            if axes[0].name == axes[1].name:
+                problems.append(f"the two axes need different names, got {axes[0].name!r}")
+    for what, attrs, names in (("field_attrs", meta.field_attrs, meta.fields),
+                               ("param_attrs", meta.param_attrs, None)):
+        if not (isinstance(attrs, dict) and all(
+                isinstance(k, str) and isinstance(v, dict)
+                and all(isinstance(a, str) and isinstance(b, str) for a, b in v.items())
+                for k, v in attrs.items())):
+            problems.append(f"{what} must be a dict name -> {{str: str}}, got {attrs!r}")
+        elif names is not None and isinstance(names, tuple) and set(attrs) - set(names):
+            problems.append(f"{what} names unknown fields {sorted(set(attrs) - set(names))}")
+    dims, shapes = meta.true_array_dims, meta.true_arrays
+    if not (isinstance(dims, dict) and isinstance(shapes, dict) and all(
+            k in shapes and isinstance(v, list | tuple) and len(v) == len(shapes[k])
+            and all(isinstance(d, str) and _FIELD_NAME.fullmatch(d)
+                    and d not in _reserved_names(meta) for d in v)
+            for k, v in dims.items())):
+        problems.append("true_array_dims must name each dimension of a declared true array "
+                        f"(not a coordinate's name), got {dims!r}")
     return problems
 
 
@@ -274,6 +374,14 @@ def _meta_to_attrs(meta: DatasetMeta) -> dict[str, Any]:
                                         for k, v in meta.true_per_experiment.items()}
     if meta.true_arrays:
         attrs["true_arrays"] = {k: [int(n) for n in v] for k, v in meta.true_arrays.items()}
+    # The axes' coordinate values are arrays of their own (read back by _open_dataset).
+    attrs["axes"] = [{"name": a.name, "units": a.units, "long_name": a.long_name}
+                     for a in meta.axes]
+    attrs["time_unit"] = meta.time_unit
+    attrs["field_attrs"] = meta.field_attrs
+    attrs["param_attrs"] = meta.param_attrs
+    if meta.true_array_dims:
+        attrs["true_array_dims"] = {k: list(v) for k, v in meta.true_array_dims.items()}
     try:
         # Fail with a clear message instead of deep inside zarr's JSON encoder.
         return json.loads(json.dumps(attrs))
@@ -281,10 +389,15 @@ def _meta_to_attrs(meta: DatasetMeta) -> dict[str, Any]:
         raise DatasetError(f"dataset metadata is not JSON-serialisable: {exc}") from exc
 
 
-def _meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str) -> DatasetMeta:
-    """Rebuild ``DatasetMeta`` from group attributes; ``n_frames`` comes from array ``t``."""
+def _meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str,
+                     axis_values: Sequence[Sequence[float]] | None = None) -> DatasetMeta:
+    """Rebuild ``DatasetMeta`` from group attributes; ``n_frames`` comes from the times
+    array, ``axis_values`` (format version 2) from the coordinate arrays of ``attrs["axes"]``."""
     try:
         grid = attrs["grid"]
+        axes = None if axis_values is None else tuple(
+            Axis(a["name"], tuple(float(v) for v in values), a["units"], a["long_name"])
+            for a, values in zip(attrs["axes"], axis_values, strict=True))
         return DatasetMeta(
             system=attrs["system"],
             fields=tuple(attrs["fields"]),
@@ -301,6 +414,11 @@ def _meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str) -> Dat
             provenance=attrs.get("provenance", {}),
             true_per_experiment=attrs.get("true_per_experiment"),
             true_arrays=attrs.get("true_arrays", {}),
+            time_unit=attrs.get("time_unit", ""),
+            axes=axes,
+            field_attrs=attrs.get("field_attrs", {}),
+            param_attrs=attrs.get("param_attrs", {}),
+            true_array_dims=attrs.get("true_array_dims", {}),
         )
     except KeyError as exc:
         raise DatasetError(f"{where}: attribute {exc.args[0]!r} is missing") from exc
@@ -429,16 +547,21 @@ def create_dataset(
             )
     group = zarr.open_group(os.fspath(path), mode="w", zarr_format=3)
 
-    times = group.create_array(
-        TIME_ARRAY,
-        shape=(meta.n_frames,),
-        dtype="float64",
-        chunks=(meta.n_frames,),
-        dimension_names=("time",),
-        fill_value=np.nan,
-    )
-    times[:] = meta.times
+    # Coordinates: one-dimensional arrays named like their dimension, which xarray makes
+    # the index of that dimension (ds.sel(time=...)).
+    coordinates = [
+        (TIME_ARRAY, meta.times, {"units": meta.time_unit, "long_name": "time", "axis": "T"}),
+        (EXPERIMENT_ARRAY, np.arange(meta.n_experiments, dtype=np.int64),
+         {"long_name": "experiment number"}),
+        *((axis.name, np.asarray(axis.values, np.float64),
+           {"units": axis.units, "long_name": axis.long_name, "axis": cf_axis})
+          for axis, cf_axis in zip(meta.axes, ("Y", "X"), strict=True)),
+    ]
+    for name, values, attributes in coordinates:
+        group.create_array(name, shape=values.shape, dtype=values.dtype, chunks=values.shape,
+                           dimension_names=(name,), attributes=_cf_attrs(attributes))[...] = values
     shape = (meta.n_experiments, meta.n_frames, *meta.grid_shape)
+    dims = (EXPERIMENT_ARRAY, TIME_ARRAY, *(axis.name for axis in meta.axes))
     for name in meta.fields:
         group.create_array(
             name,
@@ -446,10 +569,9 @@ def create_dataset(
             dtype="float32",
             chunks=chunks,
             shards=shards,
-            dimension_names=FIELD_DIMS,
+            dimension_names=dims,
             fill_value=np.nan,
-            # CF convention: lets xarray attach ``t`` as the time coordinate.
-            attributes={"coordinates": TIME_ARRAY},
+            attributes=_cf_attrs(meta.field_attrs.get(name, {})),
         )
     for name in mask_fields:
         group.create_array(
@@ -458,16 +580,24 @@ def create_dataset(
             dtype="bool",
             chunks=chunks,
             shards=shards,
-            dimension_names=FIELD_DIMS,
+            dimension_names=dims,
             fill_value=False,
-            attributes={"coordinates": TIME_ARRAY},
+            attributes={"long_name": f"where {name} is observed"},
         )
     for name, array_shape in meta.true_arrays.items():
         # One chunk: written once, by one writer (write_true_array), read whole.
         group.create_array(TRUE_PREFIX + name, shape=tuple(array_shape), dtype="float64",
-                           chunks=tuple(array_shape), fill_value=np.nan)
+                           chunks=tuple(array_shape), fill_value=np.nan,
+                           dimension_names=tuple(meta.true_array_dims.get(name) or (
+                               f"{name}_dim{i}" for i in range(len(array_shape)))),
+                           attributes=_cf_attrs(meta.param_attrs.get(name, {})))
     # Last, so the "format" marker only appears once the dataset is complete.
     group.attrs.update(attrs)
+
+
+def _cf_attrs(attrs: Mapping[str, str]) -> dict[str, str]:
+    """CF attributes without the empty ones (no unit declared is no ``units``)."""
+    return {k: v for k, v in attrs.items() if v}
 
 
 def _mask_fields(meta: DatasetMeta, masks: bool | Sequence[str], where: str) -> tuple[str, ...]:
@@ -762,15 +892,23 @@ def _open_dataset(path: PathLike, mode: Literal["r", "r+"]) -> Dataset:
             f"{spath} is not a pdefit dataset: attribute format is "
             f"{attrs.get('format')!r}, expected {FORMAT!r}"
         )
-    if attrs.get("format_version") != FORMAT_VERSION:
+    version = attrs.get("format_version")
+    if version not in READABLE_VERSIONS:
         raise DatasetError(
-            f"{where} has format_version {attrs.get('format_version')!r}; this pdefit "
-            f"reads version {FORMAT_VERSION}"
+            f"{where} has format_version {version!r}; this pdefit reads versions "
+            f"{list(READABLE_VERSIONS)}"
         )
-    times = _get_array(group, TIME_ARRAY, where)
+    time_name = LEGACY_TIME_ARRAY if version == 1 else TIME_ARRAY
+    times = _get_array(group, time_name, where)
     if times.ndim != 1:
-        raise DatasetError(f"{where}: array 't' must be 1-D, found shape {times.shape}")
-    meta = _meta_from_attrs(attrs, times.shape[0], where)
+        raise DatasetError(f"{where}: array {time_name!r} must be 1-D, found shape "
+                           f"{times.shape}")
+    axis_values = None
+    if version >= 2:
+        names = [axis.get("name") for axis in attrs.get("axes", [])
+                 if isinstance(axis, Mapping)]
+        axis_values = [np.asarray(_get_array(group, name, where)[...]) for name in names]
+    meta = _meta_from_attrs(attrs, times.shape[0], where, axis_values)
     _check_not_empty(meta, where)
 
     expected = (meta.n_experiments, meta.n_frames, *meta.grid_shape)
@@ -803,7 +941,7 @@ def _open_dataset(path: PathLike, mode: Literal["r", "r+"]) -> Dataset:
     stored_times = np.asarray(times[...])
     if not np.allclose(stored_times, meta.times, rtol=1e-9, atol=1e-9 * meta.frame_interval):
         raise DatasetError(
-            f"{where}: array 't' disagrees with t0 + k * steps_per_frame * dt "
+            f"{where}: array {time_name!r} disagrees with t0 + k * steps_per_frame * dt "
             f"(t0={meta.t0}, dt={meta.dt}, steps_per_frame={meta.steps_per_frame})"
         )
     return Dataset(path=spath, meta=meta, masked_fields=frozenset(masked), group=group)

@@ -4,20 +4,25 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 
 def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
                     recovered: Mapping[str, float], truth: Mapping[str, float] | None,
+                    units: Mapping[str, str] | None = None,
                     ) -> list[dict[str, float | str | None]]:
+    """One row per fitted scalar: start, recovered and true value, their relative errors
+    and the parameter's unit (``units``: name → unit, e.g. from ``ParamSpec.unit``)."""
     rows = []
     for name in fitted:
         true = None if truth is None else truth.get(name)
         rel = None if true in (None, 0) else abs(recovered[name] - true) / abs(true)
         rel0 = None if true in (None, 0) else abs(start[name] - true) / abs(true)
-        rows.append({"name": name, "start": start[name], "recovered": recovered[name],
-                     "true": true, "start_rel_error": rel0, "rel_error": rel})
+        rows.append({"name": name, "unit": (units or {}).get(name, ""), "start": start[name],
+                     "recovered": recovered[name], "true": true, "start_rel_error": rel0,
+                     "rel_error": rel})
     return rows
 
 
@@ -30,63 +35,135 @@ def error_summary(rows: Sequence[Mapping]) -> dict[str, float | None]:
             "max_rel_error": float(np.max(errors))}
 
 
+def format_percent(fraction: float | None) -> str:
+    """A relative error as a percentage in significant figures: three of them from 0.1 %
+    up, else two in scientific notation, so a tiny error never prints as ``0.000 %``."""
+    if fraction is None:
+        return "—"
+    percent = 100.0 * fraction
+    if percent == 0 or not np.isfinite(percent):
+        return f"{percent:g} %"
+    if abs(percent) >= 0.1:
+        return f"{percent:.3g} %"
+    return f"{percent:.1e} %"
+
+
+def format_error_summary(summary: Mapping[str, float | None]) -> str:
+    """``mean relative error …, median …, max …`` of :func:`error_summary`'s result."""
+    return (f"mean relative error {format_percent(summary['mean_rel_error'])}, median "
+            f"{format_percent(summary['median_rel_error'])}, max "
+            f"{format_percent(summary['max_rel_error'])}")
+
+
 def format_table(rows: Sequence[Mapping]) -> str:
     def num(x):
         return "—" if x is None else f"{x:.6g}"
 
-    def pct(x):
-        return "—" if x is None else f"{100 * x:.3f} %"
-
-    lines = [f"{'parameter':<10} {'start':>12} {'recovered':>12} {'true':>12} "
-             f"{'start err':>11} {'error':>11}"]
+    width = max([len("unit"), *(len(r.get("unit") or "") for r in rows)])
+    lines = [f"{'parameter':<10} {'unit':<{width}} {'start':>12} {'recovered':>12} "
+             f"{'true':>12} {'start err':>11} {'error':>11}"]
     for r in rows:
-        lines.append(f"{r['name']:<10} {num(r['start']):>12} {num(r['recovered']):>12} "
-                     f"{num(r['true']):>12} {pct(r['start_rel_error']):>11} "
-                     f"{pct(r['rel_error']):>11}")
+        lines.append(f"{r['name']:<10} {r.get('unit') or '':<{width}} {num(r['start']):>12} "
+                     f"{num(r['recovered']):>12} {num(r['true']):>12} "
+                     f"{format_percent(r['start_rel_error']):>11} "
+                     f"{format_percent(r['rel_error']):>11}")
     return "\n".join(lines)
 
 
-def plot_loss(losses: Sequence[float], path: Path) -> None:
+def unit_label(name: str, unit: str) -> str:
+    """An axis or colour-bar label: ``name [unit]``, ``name (dimensionless)`` for unit "1",
+    the bare name where no unit is known."""
+    if not unit:
+        return name
+    return f"{name} (dimensionless)" if unit == "1" else f"{name} [{unit}]"
+
+
+def time_title(t: float, unit: str) -> str:
+    """``t = 6.5 ms`` (no unit where it is unknown or dimensionless)."""
+    return f"t = {t:.4g}" + ("" if unit in ("", "1") else f" {unit}")
+
+
+def describe_loss(loss: str, fields: Sequence[str], regularized: Sequence[str] = (),
+                  weights: Mapping[str, float] | None = None) -> str:
+    """What a fit minimises, for plot labels: the sum over observed fields of each one's
+    (weighted) misfit — ``MSE(u) + MSE(v)``, ``relative MSE(u) + 2·relative MSE(v)`` —
+    plus the named regularisation terms."""
+    kind = {"mse": "MSE", "relative_mse": "relative MSE"}.get(loss, loss)
+    weights = weights or {}
+    text = " + ".join(f"{kind}({f})" if weights.get(f, 1.0) == 1.0
+                      else f"{weights[f]:g}·{kind}({f})" for f in fields)
+    return text + (f" + regularisation ({', '.join(regularized)})" if regularized else "")
+
+
+def plot_loss(losses: Sequence[float], path: Path, description: str = "loss") -> None:
+    """The loss per optimiser step on a log axis, titled with what it measures."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.5), layout="constrained")
+    fig, ax = plt.subplots(figsize=(5.5, 3.8), layout="constrained")
     ax.semilogy(np.arange(len(losses)), losses)
     ax.set_xlabel("optimiser step")
     ax.set_ylabel("loss")
+    ax.set_title(f"loss = {description}", fontsize=9)
     ax.grid(alpha=0.3)
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def plot_fields(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.ndarray],
-                times: Sequence[float], path: Path) -> None:
-    """Observed and predicted frames side by side: rows are (field, observed/predicted),
-    columns a few times."""
+                times: Sequence[float], path: Path, units: Mapping[str, str] | None = None,
+                time_unit: str = "", labels: tuple[str, str] = ("observed", "predicted"),
+                origin: str = "lower") -> None:
+    """:func:`fields_figure` written to ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = fields_figure(observed, predicted, times, units, time_unit, labels, origin)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def fields_figure(observed: Mapping[str, np.ndarray], predicted: Mapping[str, np.ndarray],
+                  times: Sequence[float], units: Mapping[str, str] | None = None,
+                  time_unit: str = "", labels: tuple[str, str] = ("observed", "predicted"),
+                  origin: str = "lower") -> Any:
+    """Per field three rows — observed, predicted and their difference (predicted −
+    observed) — and one column per time, each row with a colour bar labelled with the
+    field's unit; observed and predicted share a colour scale, the difference has its own,
+    symmetric one. NaN in ``observed`` marks unobserved points. ``labels`` names the two
+    kinds of frames (e.g. truth and model of a forecast). ``origin``: where row 0 is drawn
+    (matplotlib's ``imshow``)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     names = list(observed)
     n_cols = len(times)
-    fig, axes = plt.subplots(2 * len(names), n_cols, figsize=(2.2 * n_cols, 4.2 * len(names)),
+    fig, axes = plt.subplots(3 * len(names), n_cols, figsize=(2.2 * n_cols + 1.2,
+                                                             6.3 * len(names)),
                              squeeze=False, layout="constrained")
     for i, name in enumerate(names):
-        lo = float(np.nanmin(observed[name]))
-        hi = float(np.nanmax(observed[name]))
-        for j in range(n_cols):
-            for k, (label, frames) in enumerate((("observed", observed), ("predicted", predicted))):
-                ax = axes[2 * i + k, j]
-                ax.imshow(frames[name][j], vmin=lo, vmax=hi, origin="lower", cmap="viridis")
-                ax.set_xticks([])
-                ax.set_yticks([])
-                if j == 0:
-                    ax.set_ylabel(f"{name} {label}")
-                if i == 0 and k == 0:
-                    ax.set_title(f"t = {times[j]:.3g}")
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        label = unit_label(name, (units or {}).get(name, ""))
+        obs, pred = np.asarray(observed[name]), np.asarray(predicted[name])
+        residual = pred - obs
+        lo, hi = float(np.nanmin(obs)), float(np.nanmax(obs))
+        span = float(np.nanmax(np.abs(residual))) or 1.0
+        rows = ((labels[0], obs, {"vmin": lo, "vmax": hi, "cmap": "viridis"}, label),
+                (labels[1], pred, {"vmin": lo, "vmax": hi, "cmap": "viridis"}, label),
+                ("difference", residual, {"vmin": -span, "vmax": span, "cmap": "RdBu_r"},
+                 label))
+        for k, (row_name, frames, kwargs, bar_label) in enumerate(rows):
+            row = axes[3 * i + k]
+            for j in range(n_cols):
+                image = row[j].imshow(frames[j], origin=origin, **kwargs)
+                row[j].set_xticks([])
+                row[j].set_yticks([])
+            row[0].set_ylabel(f"{name} {row_name}")
+            fig.colorbar(image, ax=list(row), shrink=0.9, label=bar_label)
+    for j, t in enumerate(times):
+        axes[0, j].set_title(time_title(t, time_unit))
+    fig.suptitle(f"difference = {labels[1]} − {labels[0]}", fontsize=9)
+    return fig
 
 
 # ---------------------------------------------------------------------------------------------
@@ -188,7 +265,7 @@ def lyapunov_exponent(times: np.ndarray, separation: np.ndarray) -> dict[str, fl
 
 
 def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end: float,
-                  path: Path, ylabel: str = "MAE", time_unit: str = "") -> None:
+                  path: Path, ylabel: str = "MAE", xlabel: str = "time") -> None:
     """Error curves versus time on a log axis, with the end of the training window marked."""
     import matplotlib
     matplotlib.use("Agg")
@@ -198,7 +275,7 @@ def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end
     for label, values in curves.items():
         ax.semilogy(times, np.maximum(np.asarray(values, dtype=np.float64), 1e-12), label=label)
     ax.axvline(train_end, color="k", ls="--", lw=1, label="end of training window")
-    ax.set_xlabel(f"time {time_unit}".strip())
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize=8)
@@ -207,7 +284,7 @@ def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end
 
 
 def plot_traces(times: np.ndarray, truth: np.ndarray, model: np.ndarray, train_end: float,
-                label: str, path: Path) -> None:
+                label: str, path: Path, xlabel: str = "time") -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -216,36 +293,8 @@ def plot_traces(times: np.ndarray, truth: np.ndarray, model: np.ndarray, train_e
     ax.plot(times, truth, label="truth", lw=1.5)
     ax.plot(times, model, label="fitted model", lw=1, ls="--")
     ax.axvline(train_end, color="k", ls=":", lw=1)
-    ax.set_xlabel("time")
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(label)
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_difference_maps(truth: np.ndarray, model: np.ndarray, times: Sequence[float],
-                         label: str, path: Path) -> None:
-    """Rows truth / model / difference, one column per time."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(times)
-    fig, axes = plt.subplots(3, n, figsize=(2.3 * n, 6.6), squeeze=False, layout="constrained")
-    lo, hi = float(np.min(truth)), float(np.max(truth))
-    span = max(abs(lo), abs(hi), 1e-12)
-    for j, t in enumerate(times):
-        diff = model[j] - truth[j]
-        for i, (image, kwargs) in enumerate((
-                (truth[j], {"vmin": lo, "vmax": hi, "cmap": "viridis"}),
-                (model[j], {"vmin": lo, "vmax": hi, "cmap": "viridis"}),
-                (diff, {"vmin": -span, "vmax": span, "cmap": "RdBu_r"}))):
-            ax = axes[i, j]
-            ax.imshow(image, origin="lower", **kwargs)
-            ax.set_xticks([])
-            ax.set_yticks([])
-        axes[0, j].set_title(f"t = {t:.4g}")
-    for i, name in enumerate(("truth", "model", "model − truth")):
-        axes[i, 0].set_ylabel(f"{label}: {name}")
-    fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -27,14 +27,16 @@ from .config import FitConfig
 from .evaluate import (
     activation_time_error,
     error_summary,
+    format_percent,
     lyapunov_exponent,
-    plot_difference_maps,
+    plot_fields,
     plot_forecast,
     plot_traces,
+    unit_label,
     validity_horizon,
 )
 from .fitted import FITTED_FILE, FittedFileError, load_fitted
-from .system import stepper
+from .system import image_origin, stepper
 
 
 class EvaluationError(ValueError):
@@ -196,6 +198,7 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
         "run_dir": str(run_dir), "experiment": index,
         "truth_system": truth_system.name, "model_system": problem.system.name,
         "training_window": [t_first, t_last], "frame_interval": interval,
+        "time_unit": meta.time_unit,
         "horizon": horizon, "threshold": ev.threshold, "compared_fields": compare,
         "valid_for": valid,
         "lyapunov_exponent": exponent, "lyapunov_fit": lyapunov,
@@ -223,35 +226,45 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     centre = (grid.shape[0] // 2, grid.shape[1] // 2)
     truth_images = np.asarray(out["truth_image"])
     model_images = np.asarray(out["model_image"])
+    # Times are the dataset's (the truth's clock), in its unit.
+    time_axis = unit_label("time", meta.time_unit)
+    image_unit = meta.field_attrs.get(image, {}).get("units", "")
     plot_forecast(times, {**{f"MAE {f}": mae[:, i] for i, f in enumerate(compare)},
-                          "normalised MAE": normalised}, t_last, run_dir / "forecast_mae.png")
+                          "normalised MAE": normalised}, t_last, run_dir / "forecast_mae.png",
+                  xlabel=time_axis)
     if exponent is not None:
         plot_forecast((times - t_first) * exponent, {f"MAE {f}": mae[:, i] for i, f in
                                                      enumerate(compare)},
                       (t_last - t_first) * exponent, run_dir / "forecast_mae_lyapunov.png",
-                      time_unit="(Lyapunov times since the window's start)")
+                      xlabel="time (Lyapunov times since the window's start)")
     if activation is not None:
         plot_forecast(activation["bin_centres"], {"mean |Δ activation time|": activation[
             "mean_error"]}, t_last, run_dir / "activation_error.png",
-            ylabel="activation-time error")
+            ylabel=unit_label("activation-time error", meta.time_unit), xlabel=time_axis)
     plot_forecast(times, {"|twin − truth| (RMS)": np.asarray(out["separation"])}, t_last,
-                  run_dir / "separation.png", ylabel="separation")
+                  run_dir / "separation.png", ylabel="separation", xlabel=time_axis)
     plot_traces(times, truth_images[:, centre[0], centre[1]],
-                model_images[:, centre[0], centre[1]], t_last, f"{image} at the centre pixel",
-                run_dir / "centre_trace.png")
+                model_images[:, centre[0], centre[1]], t_last,
+                unit_label(f"{image} at the centre pixel", image_unit),
+                run_dir / "centre_trace.png", xlabel=time_axis)
     maps_at = list(ev.maps_at) if ev.maps_at else list(
         np.linspace(t_first, times[-1], 5)[1:])
     picks = [int(np.argmin(np.abs(times - t))) for t in maps_at]
-    plot_difference_maps(truth_images[picks], model_images[picks], [times[i] for i in picks],
-                         image, run_dir / "difference_maps.png")
+    plot_fields({image: truth_images[picks]}, {image: model_images[picks]},
+                [times[i] for i in picks], run_dir / "difference_maps.png",
+                units={image: image_unit}, time_unit=meta.time_unit,
+                labels=("truth", "model"), origin=image_origin(truth_system, grid))
     result["wall_time_s"] = time.perf_counter() - started
     (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
     return result
 
 
 def format_evaluation(result: Mapping[str, Any]) -> str:
+    unit = result.get("time_unit", "")
+    unit = "" if unit in ("", "1") else f" {unit}"
     lines = [f"training window {result['training_window'][0]:g}–{result['training_window'][1]:g}"
-             f", forecast over {result['horizon']:g} (frames every {result['frame_interval']:g})"]
+             f"{unit}, forecast over {result['horizon']:g}{unit} (frames every "
+             f"{result['frame_interval']:g})"]
     lam = result["lyapunov_exponent"]
     if lam is None:
         lines.append("Lyapunov exponent: not determined (horizon too short for growth)")
@@ -259,19 +272,21 @@ def format_evaluation(result: Mapping[str, Any]) -> str:
         lines.append(f"maximal Lyapunov exponent {lam:.4g} per time unit (Lyapunov time "
                      f"{1 / lam:.4g}); training window = "
                      f"{result['training_window_lyapunov_times']:.3g} Lyapunov times")
-    valid = f"forecast valid for {result['valid_for']:g} (normalised MAE ≤ {result['threshold']})"
+    valid = (f"forecast valid for {result['valid_for']:g}{unit} (normalised MAE ≤ "
+             f"{result['threshold']})")
     if lam is not None:
         valid += f" = {result['valid_for_lyapunov_times']:.3g} Lyapunov times"
     lines.append(valid)
     if result["activation_time_error_mean"] is not None:
-        lines.append(f"mean activation-time error {result['activation_time_error_mean']:.4g} "
+        lines.append(f"mean activation-time error {result['activation_time_error_mean']:.4g}"
+                     f"{unit} "
                      f"({result['activation_time_missed']} truth activations unmatched)")
     final = {f: values[-1] for f, values in result["curves"]["mae"].items()}
     lines.append("MAE at the horizon: " + ", ".join(f"{f} {v:.3g}" for f, v in final.items()))
     if result.get("parameter_mean_rel_error") is not None:
         lines.append(f"parameters: mean |rel. deviation| "
-                     f"{100 * result['parameter_mean_rel_error']:.3f} %, median "
-                     f"{100 * result['parameter_median_rel_error']:.3f} %")
+                     f"{format_percent(result['parameter_mean_rel_error'])}, median "
+                     f"{format_percent(result['parameter_median_rel_error'])}")
     return "\n".join(lines)
 
 

@@ -21,6 +21,12 @@ closed over by jitted functions. It provides:
   system-specific evaluation of a finished fit against the dataset's truths (numbers for
   ``summary.json``, a printed report, plots in ``out``), returning a :class:`SystemEvaluation`
   or None when it has nothing to say about this fit.
+- optionally, labels for datasets and plots (all default sensibly): ``time_unit`` and
+  ``space_unit`` (CF-style unit strings, "1" for dimensionless), ``field_info`` (field or
+  observable name → (units, long name)), ``axis_names`` (the grid's two dimension names,
+  default ("y", "x")) or, for a grid that is not uniform, ``axes(grid)`` giving both axes as
+  (name, coordinate values, units, long name); ``param_dims`` (array parameter name → the
+  names of its dimensions).
 
 Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call collectives.
 """
@@ -31,6 +37,8 @@ import importlib
 from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple, Protocol, runtime_checkable
+
+import numpy as np
 
 from .grid import Grid
 from .integrate import REAL_AXIS_STABILITY, Step, make_stepper
@@ -119,6 +127,52 @@ def check_option(what: str, value: Any, choices: Any) -> None:
     """Raise a ValueError naming ``what`` unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"unknown {what} {value!r}; choose one of {list(choices)}")
+
+
+def time_unit(system: System) -> str:
+    """The unit of the system's time ("" where it declares none)."""
+    return getattr(system, "time_unit", "")
+
+
+def field_attrs(system: System, name: str) -> dict[str, str]:
+    """CF-style ``units`` and ``long_name`` of a state field or observable (the name itself
+    and no unit where the system does not describe it)."""
+    units, long_name = getattr(system, "field_info", {}).get(name, ("", name))
+    return {"units": units, "long_name": long_name}
+
+
+def spatial_axes(system: System, grid: Grid) -> tuple[tuple[str, np.ndarray, str, str], ...]:
+    """The grid's two axes as (dimension name, coordinate of each row/column, units, long
+    name): the system's ``axes(grid)``, else cell centres (i + ½)·h named by its
+    ``axis_names`` in its ``space_unit``."""
+    if hasattr(system, "axes"):
+        return tuple(system.axes(grid))
+    names = getattr(system, "axis_names", ("y", "x"))
+    unit = getattr(system, "space_unit", "")
+    return tuple((name, (np.arange(n) + 0.5) * h, unit, name)
+                 for name, n, h in zip(names, grid.shape, grid.spacing, strict=True))
+
+
+def image_origin(system: System, grid: Grid) -> str:
+    """Matplotlib's ``origin`` that draws the grid's first axis increasing upwards (so a
+    latitude axis stored north to south is drawn north up)."""
+    values = spatial_axes(system, grid)[0][1]
+    return "lower" if values[-1] >= values[0] else "upper"
+
+
+def dataset_labels(system: System, grid: Grid, fields: Any, params: Any) -> dict[str, Any]:
+    """Units, long names and coordinates a dataset of ``fields`` and true ``params`` of this
+    system carries (keyword arguments of :class:`pdefit.data.DatasetMeta`)."""
+    return {
+        "time_unit": time_unit(system),
+        "axes": tuple((name, tuple(float(v) for v in values), units, long_name)
+                      for name, values, units, long_name in spatial_axes(system, grid)),
+        "field_attrs": {f: field_attrs(system, f) for f in fields},
+        "param_attrs": {p: {"units": system.params[p].unit, "long_name": system.params[p].doc}
+                        for p in params if p in system.params},
+        "true_array_dims": {p: list(dims) for p, dims in getattr(system, "param_dims", {}).items()
+                            if p in params and system.params[p].shape},
+    }
 
 
 def default_params(system: System) -> dict[str, float]:

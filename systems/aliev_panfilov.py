@@ -44,14 +44,23 @@ class AlievPanfilov:
     name: ClassVar[str] = "aliev_panfilov"
     fields: ClassVar[tuple[str, ...]] = ("u", "v")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
+    # Dimensionless model units (1 time unit ≈ 12.9 ms in the common mapping).
+    time_unit: ClassVar[str] = "AP time units"
+    space_unit: ClassVar[str] = "AP space units"
+    field_info: ClassVar[dict[str, tuple[str, str]]] = {
+        "u": ("1", "transmembrane potential, scaled (E = 100 u − 80 mV)"),
+        "v": ("1", "recovery variable"),
+    }
     params: ClassVar[dict[str, ParamSpec]] = {
         "D": ParamSpec(AP96["D"], "log", unit="space²/time", doc="diffusion coefficient"),
-        "k": ParamSpec(AP96["k"], "log", doc="excitability (strength of the cubic source)"),
-        "a": ParamSpec(AP96["a"], "log", upper=1.0, doc="excitation threshold"),
-        "b": ParamSpec(AP96["b"], "log", upper=1.0, doc="recovery threshold (b = a in AP96)"),
-        "eps0": ParamSpec(AP96["eps0"], "log", doc="baseline recovery rate"),
-        "mu1": ParamSpec(AP96["mu1"], "log", doc="recovery-rate gain"),
-        "mu2": ParamSpec(AP96["mu2"], "log", doc="recovery-rate offset"),
+        "k": ParamSpec(AP96["k"], "log", unit="1",
+                       doc="excitability (strength of the cubic source)"),
+        "a": ParamSpec(AP96["a"], "log", unit="1", upper=1.0, doc="excitation threshold"),
+        "b": ParamSpec(AP96["b"], "log", unit="1", upper=1.0,
+                       doc="recovery threshold (b = a in AP96)"),
+        "eps0": ParamSpec(AP96["eps0"], "log", unit="1", doc="baseline recovery rate"),
+        "mu1": ParamSpec(AP96["mu1"], "log", unit="1", doc="recovery-rate gain"),
+        "mu2": ParamSpec(AP96["mu2"], "log", unit="1", doc="recovery-rate offset"),
     }
 
     def __post_init__(self) -> None:

@@ -193,6 +193,14 @@ class BOCF:
     fields: ClassVar[tuple[str, ...]] = ("u", "v", "w", "s")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
     rest: ClassVar[dict[str, float]] = {"u": 0.0, "v": 1.0, "w": 1.0, "s": 0.0}
+    time_unit: ClassVar[str] = "ms"
+    space_unit: ClassVar[str] = "mm"
+    field_info: ClassVar[dict[str, tuple[str, str]]] = {
+        "u": ("1", "transmembrane potential, scaled (V = 85.7 u − 84 mV)"),
+        "v": ("1", "fast inward current gate v"),
+        "w": ("1", "slow inward current gate w"),
+        "s": ("1", "slow gate s"),
+    }
 
     def __post_init__(self) -> None:
         check_option("parameter set", self.parameter_set, list(PARAMETER_SETS_ORDER))

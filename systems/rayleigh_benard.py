@@ -178,8 +178,17 @@ class RayleighBenard:
     fields: ClassVar[tuple[str, ...]] = ("u", "w", "theta")
     stencil_radius: ClassVar[int] = 1
     params: ClassVar[dict[str, ParamSpec]] = {
-        "Ra": ParamSpec(1.0e4, "log", doc="Rayleigh number gαΔT d³/(νκ)"),
-        "Pr": ParamSpec(0.71, "log", doc="Prandtl number ν/κ"),
+        "Ra": ParamSpec(1.0e4, "log", unit="1", doc="Rayleigh number gαΔT d³/(νκ)"),
+        "Pr": ParamSpec(0.71, "log", unit="1", doc="Prandtl number ν/κ"),
+    }
+    # Dimensionless: lengths in d, times in d²/κ, velocities in κ/d, temperatures in ΔT.
+    time_unit: ClassVar[str] = "1"
+    space_unit: ClassVar[str] = "1"
+    axis_names: ClassVar[tuple[str, str]] = ("z", "x")
+    field_info: ClassVar[dict[str, tuple[str, str]]] = {
+        "u": ("1", "horizontal velocity (κ/d), on the cell's left face"),
+        "w": ("1", "vertical velocity (κ/d), on the cell's bottom face"),
+        "theta": ("1", "temperature deviation from the conduction profile (ΔT)"),
     }
 
     def __post_init__(self) -> None:

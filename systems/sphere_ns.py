@@ -261,6 +261,15 @@ class SphereNS:
     fields: ClassVar[tuple[str, ...]] = ("zeta",)
     observable_names: ClassVar[tuple[str, ...]] = OBSERVABLES
     stencil_radius: ClassVar[int] = 0  # spectral: no halos (runs on one device)
+    # Dimensionless: lengths in R, times in the unit of ν's and Ω's values.
+    time_unit: ClassVar[str] = "1"
+    field_info: ClassVar[dict[str, tuple[str, str]]] = {
+        "zeta": ("1", "relative vorticity (1/time)"),
+        "u_theta": ("1", "southward velocity u_θ (R/time)"),
+        "u_phi": ("1", "eastward velocity u_φ (R/time)"),
+    }
+    param_dims: ClassVar[dict[str, tuple[str, ...]]] = {
+        "force": ("force_time", "force_component", "force_colatitude", "force_longitude")}
 
     @property
     def params(self) -> dict[str, ParamSpec]:
@@ -331,6 +340,12 @@ class SphereNS:
     def coordinates(self, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
         """Colatitudes θ (Gauss nodes, north to south) and longitudes φ of the grid."""
         return gaussian_grid(*grid.shape)
+
+    def axes(self, grid: Grid) -> tuple[tuple[str, np.ndarray, str, str], ...]:
+        """Latitude (Gauss nodes, north to south) and longitude of the grid, in degrees."""
+        theta, phi = self.coordinates(grid)
+        return (("lat", 90.0 - np.degrees(theta), "degrees_north", "latitude"),
+                ("lon", np.degrees(phi), "degrees_east", "longitude"))
 
     def force_times(self, n_times: int) -> np.ndarray:
         """The times of ``n_times`` force nodes."""

@@ -12,6 +12,7 @@ import pytest
 import zarr
 
 from pdefit.data import (
+    FORMAT_VERSION,
     Dataset,
     DatasetError,
     DatasetMeta,
@@ -95,11 +96,11 @@ def test_round_trip_values_masks_attrs_and_times(written: tuple) -> None:
     assert not ds.has_mask("v")
     assert ds.read_mask("v") is None
     np.testing.assert_allclose(ds.meta.times, 1.0 + 0.1 * np.arange(N_FRAMES), rtol=1e-12)
-    np.testing.assert_array_equal(zarr.open_array(path / "t", mode="r")[:], meta.times)
+    np.testing.assert_array_equal(zarr.open_array(path / "time", mode="r")[:], meta.times)
 
     attrs = zarr.open_group(path, mode="r").attrs.asdict()
     assert attrs["format"] == "pdefit-dataset"
-    assert attrs["format_version"] == 1
+    assert attrs["format_version"] == FORMAT_VERSION
     assert attrs["grid"] == {
         "shape": [NY, NX],
         "spacing": [0.5, 0.25],
@@ -122,7 +123,9 @@ def test_on_disk_layout(written: tuple) -> None:
         assert array.metadata.dimension_names == ("experiment", "time", "y", "x")
     assert group["u"].dtype == np.float32
     assert group["mask_u"].dtype == np.bool_
-    assert group["t"].metadata.dimension_names == ("time",)
+    assert group["time"].metadata.dimension_names == ("time",)
+    np.testing.assert_array_equal(group["y"][...], (np.arange(NY) + 0.5) * 0.5)  # centres
+    np.testing.assert_array_equal(group["x"][...], (np.arange(NX) + 0.5) * 0.25)
     assert "mask_v" not in group
 
 
@@ -160,12 +163,93 @@ def test_xarray_opens_dataset(written: tuple) -> None:
     # zarr v3 has no standard consolidated metadata, so consolidated=False is required.
     xds = xr.open_zarr(path, consolidated=False)
     assert xds["u"].dims == ("experiment", "time", "y", "x")
-    assert xds["t"].dims == ("time",)
-    assert "t" in xds.coords  # via the CF "coordinates" attribute on the field arrays
+    assert set(xds.indexes) == {"experiment", "time", "y", "x"}
     np.testing.assert_array_equal(xds["u"].values, values["u"])
     np.testing.assert_array_equal(xds["mask_u"].values, mask)
-    np.testing.assert_array_equal(xds["t"].values, meta.times)
+    np.testing.assert_array_equal(xds["time"].values, meta.times)
+    np.testing.assert_array_equal(xds["u"].sel(time=meta.times[3]).values, values["u"][:, 3])
     assert xds.attrs["system"] == "gray_scott"
+
+
+def test_format_version_1_still_read(written: tuple) -> None:
+    """A dataset of format version 1 (times in ``t``, no coordinates, no labels) reads as
+    before, with cell-centre axes y, x."""
+    path, meta, values, _ = written
+    group = zarr.open_group(path, mode="r+", zarr_format=3)
+    group.create_array("t", shape=(N_FRAMES,), dtype="float64", chunks=(N_FRAMES,),
+                       dimension_names=("time",))[...] = meta.times
+    for name in ("time", "experiment", "y", "x"):
+        del group[name]
+    for key in ("axes", "time_unit", "field_attrs", "param_attrs"):
+        del group.attrs[key]
+    group.attrs["format_version"] = 1
+    ds = open_dataset(path)
+    assert ds.meta == meta
+    np.testing.assert_array_equal(ds.read("v", 1, [0, 4]), values["v"][1, [0, 4]])
+
+
+SYSTEM_DATASETS = {  # tiny simulated datasets of each system: overrides, axes
+    "aliev_panfilov": (["system.grid.shape=[6,8]", "+system.options.initial=blobs"],
+                       ("y", "x")),
+    "bocf": (["system=bocf", "system.grid.shape=[6,8]", "+system.options.initial=rest"],
+             ("y", "x")),
+    "rayleigh_benard": (["system=rayleigh_benard", "system.grid.shape=[4,8]",
+                         "system.grid.spacing=[0.25,0.125]", "system.options.init_spinup=0"],
+                        ("z", "x")),
+    "sphere_ns": (["experiment=sphere_force_recovery", "system.grid.shape=[8,16]",
+                   "+system.options.init_lmax=2", "system.options.force_nodes=[2,3,4]",
+                   "simulate.n_experiments=2", "simulate.steps_per_frame=1"],
+                  ("lat", "lon")),
+}
+
+
+@pytest.mark.parametrize("system", sorted(SYSTEM_DATASETS))
+def test_xarray_reads_every_systems_dataset(tmp_path: Path, system: str) -> None:
+    """A simulated dataset of each system opens in xarray indexed by time, with the system's
+    spatial coordinates and CF units/long names on the coordinates, fields and truths."""
+    xr = pytest.importorskip("xarray")
+    import jax.numpy as jnp
+    from hydra import compose, initialize_config_dir
+
+    from pdefit import assemble, cli
+    from pdefit.system import image_origin
+
+    overrides, axes = SYSTEM_DATASETS[system]
+    conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="fit", overrides=[
+            *overrides, "simulate.n_frames=3", "simulate.noise.kind=none"])
+    path = assemble.simulate_dataset(cfg, tmp_path / "ds.zarr", jnp.float64, log=lambda _: None)
+    meta, made_by = open_dataset(path).meta, assemble.make_system(cfg.system)
+    ds = xr.open_zarr(path, consolidated=False)
+
+    field = meta.fields[0]
+    assert ds[field].dims == ("experiment", "time", *axes)
+    np.testing.assert_array_equal(ds[field].sel(time=meta.times[1]).values,
+                                  ds[field].isel(time=1).values)
+    assert ds["time"].attrs["units"] == made_by.time_unit
+    for name in meta.fields:
+        assert ds[name].attrs == dict(zip(("units", "long_name"),
+                                          made_by.field_info[name], strict=True))
+    ny, nx = meta.grid_shape
+    if system == "sphere_ns":
+        lat, lon = ds["lat"].values, ds["lon"].values
+        assert ds["lat"].attrs["units"] == "degrees_north" and np.all(np.diff(lat) < 0)
+        assert -90 < lat.min() < lat.max() < 90
+        np.testing.assert_allclose(lon, 360.0 * np.arange(nx) / nx)
+        force = ds["true_force"]
+        assert force.dims == made_by.param_dims["force"]
+        assert force.shape == (2, 2, 3, 4) and np.isfinite(force.values).all()
+        assert force.attrs["units"] == made_by.params["force"].unit
+    else:
+        (hy, hx), space = meta.grid_spacing, made_by.space_unit
+        np.testing.assert_allclose(ds[axes[0]].values, (np.arange(ny) + 0.5) * hy)
+        np.testing.assert_allclose(ds[axes[1]].values, (np.arange(nx) + 0.5) * hx)
+        assert ds[axes[0]].attrs["units"] == ds[axes[1]].attrs["units"] == space
+    assert ds.attrs["param_attrs"][next(iter(meta.true_params))]["long_name"]
+    # Plots draw the first axis increasing upwards: the sphere's latitudes north up.
+    assert image_origin(made_by, assemble.make_grid(cfg.system)) == (
+        "upper" if system == "sphere_ns" else "lower")
 
 
 def test_create_refuses_existing_and_foreign_paths(tmp_path: Path, written: tuple) -> None:
@@ -190,6 +274,15 @@ def test_invalid_meta_rejected() -> None:
         make_meta(fields=("u", "mask_u"))
     with pytest.raises(DatasetError, match="noise"):
         make_meta(noise={"kind": "additive", "sigma": 0.1})  # no seed
+    z_axis = ("z", tuple(np.arange(NY) + 0.5), "m", "height")
+    with pytest.raises(DatasetError, match="axis 'x' has 3 coordinates"):
+        make_meta(axes=(z_axis, ("x", (0.0, 1.0, 2.0))))
+    with pytest.raises(DatasetError, match="reserved"):
+        make_meta(fields=("u", "z"), axes=(z_axis, ("x", tuple(range(NX)))))
+    with pytest.raises(DatasetError, match="field_attrs names unknown fields"):
+        make_meta(field_attrs={"w": {"units": "1"}})
+    with pytest.raises(DatasetError, match="true_array_dims"):
+        make_meta(true_arrays={"f": [2, 3]}, true_array_dims={"f": ["time", "k"]})
 
 
 # -------------------------------------------------------------------- parallel-style writes
@@ -366,7 +459,7 @@ def test_structural_problems_on_open(written: tuple) -> None:
     group.attrs["format_version"] = 99
     with pytest.raises(DatasetError, match="format_version 99"):
         open_dataset(path)
-    group.attrs["format_version"] = 1
+    group.attrs["format_version"] = FORMAT_VERSION
     group.attrs["fields"] = ["u", "v", "w"]
     with pytest.raises(DatasetError, match="array 'w' is missing"):
         open_dataset(path)
@@ -376,7 +469,7 @@ def test_structural_problems_on_open(written: tuple) -> None:
         open_dataset(path)
     group.attrs["n_experiments"] = 2
     group.attrs["dt"] = 0.02
-    with pytest.raises(DatasetError, match="array 't' disagrees"):
+    with pytest.raises(DatasetError, match="array 'time' disagrees"):
         open_dataset(path)
     del group.attrs["dt"]
     with pytest.raises(DatasetError, match="attribute 'dt' is missing"):

@@ -12,7 +12,14 @@ import pytest
 from pdefit.evaluate import (
     activation_time_error,
     activation_times,
+    describe_loss,
+    error_summary,
+    fields_figure,
+    format_error_summary,
+    format_percent,
+    format_table,
     lyapunov_exponent,
+    parameter_table,
     validity_horizon,
 )
 from pdefit.grid import Grid
@@ -28,6 +35,43 @@ def test_validity_horizon():
     assert validity_horizon(times, error, 0.05) == 4.0  # last frame before the first above
     assert validity_horizon(times, error, 0.5) == 10.0  # never above: the whole span
     assert validity_horizon(times + 3.0, np.full(11, 1.0), 0.5) == 0.0
+
+
+def test_final_table_in_significant_figures_with_units():
+    """A relative error of 1.3e-6 prints as 1.3e-04 %, not 0.000 %; units have a column."""
+    truth = {"k": 8.0, "D": 0.1171, "u_o": 0.0}
+    rows = parameter_table(["k", "D", "u_o"], {"k": 10.0, "D": 0.2, "u_o": 0.1},
+                           {"k": 8.0 * (1 + 1.3e-6), "D": 0.1171 * 1.25, "u_o": 1e-3},
+                           truth, {"k": "1", "D": "mm²/ms"})
+    table = format_table(rows).splitlines()
+    assert table[0].split()[:2] == ["parameter", "unit"]
+    assert table[1].split() == ["k", "1", "10", "8.00001", "8", "25", "%", "1.3e-04", "%"]
+    assert table[2].split()[1] == "mm²/ms" and table[2].endswith("25 %")
+    assert table[3].split()[-1] == "—"  # no relative error for a true value of zero
+    summary = error_summary(rows)
+    assert format_error_summary(summary) == (
+        "mean relative error 12.5 %, median 12.5 %, max 25 %")
+    assert [format_percent(x) for x in (0.0, 4.2e-9, 1e-3, 0.25371, None)] == [
+        "0 %", "4.2e-07 %", "0.1 %", "25.4 %", "—"]
+
+
+def test_field_figure_has_colour_bars_residual_rows_and_units():
+    times, shape = [0.0, 6.45], (2, 5, 6)
+    observed = {"u": np.ones(shape), "v": np.zeros(shape)}
+    observed["u"][:, 0, 0] = np.nan  # an unobserved point
+    predicted = {"u": np.full(shape, 1.5), "v": np.zeros(shape)}
+    fig = fields_figure(observed, predicted, times, {"u": "mV"}, "ms")
+    images, bars = fig.axes[:12], fig.axes[12:]
+    assert len(bars) == 6  # one per row: observed, predicted, difference of u and of v
+    assert [b.get_ylabel() for b in bars[:3]] == ["u [mV]"] * 3
+    assert bars[3].get_ylabel() == "v"  # no unit declared
+    assert [images[k * 2].get_ylabel() for k in range(3)] == [
+        "u observed", "u predicted", "u difference"]
+    assert [images[j].get_title() for j in range(2)] == ["t = 0 ms", "t = 6.45 ms"]
+    difference = images[4].get_images()[0].get_array()
+    assert difference[0, 1] == pytest.approx(0.5) and np.ma.is_masked(difference[0, 0])
+    assert describe_loss("relative_mse", ["u", "v"], ["smoothness"], {"v": 2.0}) == (
+        "relative MSE(u) + 2·relative MSE(v) + regularisation (smoothness)")
 
 
 def pulses(times, starts, n_pixels, speed=0.0):
@@ -128,6 +172,7 @@ def test_evaluate_of_an_exact_model_gives_zero_errors(tmp_path):
     assert max(max(v) for v in result["curves"]["mae"].values()) < 1e-6
     assert result["activation_time_error_mean"] < 1e-5
     assert result["activation_time_missed"] == 0
+    assert result["time_unit"] == "AP time units"
     for name in ("forecast_mae.png", "centre_trace.png", "difference_maps.png",
                  "separation.png", "evaluation.json"):
         assert (run / name).stat().st_size > 0, name

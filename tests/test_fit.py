@@ -77,7 +77,7 @@ def test_xarray_opens_simulated_dataset(small_dataset):
     assert ds["u"].shape == (1, 4, 20, 20)
     meta = zd.open_dataset(small_dataset).meta
     assert meta.true_params["k"] == 8.0 and meta.system == "aliev_panfilov"
-    np.testing.assert_allclose(ds["t"].values, [0.0, 0.5, 1.0, 1.5])
+    np.testing.assert_allclose(ds["time"].values, [0.0, 0.5, 1.0, 1.5])
 
 
 def test_gradcheck_command_prints_second_order_table(tmp_path, small_dataset, capsys):
