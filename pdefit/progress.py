@@ -52,11 +52,11 @@ class Progress:
         self._announce = announce
         stream = sys.stderr if stream is None else stream
         terminal = options.enabled and stream.isatty()
-        self._bar = (tqdm(total=total, initial=initial, desc=options.label, dynamic_ncols=True,
-                          file=stream) if terminal else None)
         what = (f" ({options.rollout_steps} time steps)" if options.rollout_steps else "")
         if announce and initial < total:
             log.info(f"{options.label}: compiling the loss and gradient{what}…")
+        self._bar = (tqdm(total=total, initial=initial, desc=options.label, dynamic_ncols=True,
+                          file=stream) if terminal else None)
 
     def set_postfix(self, refresh: bool = True, **values: Any) -> None:
         self.postfix = values
