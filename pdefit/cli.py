@@ -327,6 +327,8 @@ def gradcheck(cfg: DictConfig) -> list[dict[str, float]]:
     setup = assemble.build_fit(cfg, _dataset_for(cfg, out, dtype), dtype)
     loss = jax.jit(setup.problem.loss)
     grad = jax.jit(jax.grad(setup.problem.loss))
+    log.info(f"gradcheck: compiling the loss and gradient ({setup.problem.n_steps} time "
+             "steps) and evaluating it at 6 step sizes…")
     rows = taylor_test(lambda th: loss(th, setup.batch), lambda th: grad(th, setup.batch),
                        setup.theta0, seed=0)
     print(f"{'eps':>10} {'|L(θ+εv) − L(θ)|':>18} {'|… − ε∇L·v|':>14} {'order':>6}")

@@ -51,7 +51,8 @@ class Progress:
         self._timed_from: tuple[int, float] | None = None  # after the compiling first step
         self._announce = announce
         stream = sys.stderr if stream is None else stream
-        terminal = options.enabled and stream.isatty()
+        # A notebook's output is no terminal but draws tqdm's (auto) widget.
+        terminal = options.enabled and (stream.isatty() or "ipykernel" in sys.modules)
         what = (f" ({options.rollout_steps} time steps)" if options.rollout_steps else "")
         if announce and initial < total:
             log.info(f"{options.label}: compiling the loss and gradient{what}…")
