@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
@@ -226,3 +227,30 @@ def test_make_results_reads_readme_runs_and_keeps_measured_sections(tmp_path, mo
         assert old_heading in text
     with pytest.raises(SystemExit, match="usage"):
         make_results.main(["nonsense=x"])
+
+
+def test_fitted_initial_field_is_compared_with_the_truth(tmp_path, capsys):
+    """A fit of the unobserved v(0) reports its error against the dataset's own first frame
+    of v (summary.json, the output, initial_fields.png)."""
+    from pdefit import assemble, cli
+    from pdefit.data import open_dataset
+    from tests.test_fit import SMALL, config
+
+    dtype = assemble.set_precision("float32")
+    data = assemble.simulate_dataset(config(tmp_path, *SMALL), tmp_path / "ap.zarr", dtype,
+                                     log=lambda _: None)
+    run = tmp_path / "run"
+    summary = cli.fit(config(run, *SMALL, f"data.path={data}", "observe.fields=[u]",
+                             "fit.params=[k]", "+fit.initial_fields.v=fit", "optim=adam",
+                             "optim.lr=0.05", "optim.steps=3", "run.plots=true"))
+    fitted = np.load(run / "fitted.npz")["fields/v"].astype(np.float64)
+    truth = open_dataset(data).read("v", frames=[0])[:, 0].astype(np.float64)
+    expected = np.linalg.norm(fitted - truth) / np.linalg.norm(truth)
+    error = summary["initial_fields"]["v"]
+    assert error["rel_l2_error"] == pytest.approx(expected, rel=1e-5)
+    assert 0 < expected < 1.5  # v(0) starts at zero: about 100 % off, then moves
+    assert error["max_abs_error"] == pytest.approx(np.abs(fitted - truth).max(), rel=1e-5)
+    assert json.loads((run / "summary.json").read_text())["initial_fields"] == summary[
+        "initial_fields"]
+    assert (run / "initial_fields.png").stat().st_size > 0
+    assert f"initial v: relative L2 error {100 * expected:.3g} %" in capsys.readouterr().out
