@@ -16,7 +16,11 @@ are copied next to it into docs/results/. Run from the repository root after the
     python benchmarks/forward.py
     python docs/make_results.py
 
-A run that is missing is listed as such; nothing is filled in by hand.
+The README's shorter commands (run.name=bocf_ranking, bocf, ap) write runs/fit/<name>, which are
+read too: of the directories a run may be in (RUN_DIRS), the one written last is used, and
+``KEY=DIR`` arguments name others (``python docs/make_results.py bocf_recovery=runs/fit/b2``).
+A section whose run is found nowhere keeps its text from the existing page (a measured result
+is never replaced by "not run"); nothing is filled in by hand.
 """
 
 from __future__ import annotations
@@ -24,11 +28,22 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = ROOT / "runs" / "results"
+# Where each run may be: the commands above, then the README's (run.name=…).
+RUN_DIRS = {
+    "bocf_ranking": [RUNS / "bocf_ranking", ROOT / "runs/fit/bocf_ranking"],
+    "bocf_ranking_sharp": [RUNS / "bocf_ranking_sharp"],
+    "bocf_recovery": [RUNS / "bocf_recovery", ROOT / "runs/fit/bocf"],
+    "bocf_recovery_sharp": [RUNS / "bocf_recovery_sharp"],
+    "ap_from_bocf": [RUNS / "ap_from_bocf", ROOT / "runs/fit/ap"],
+}
+# The file that says a run finished.
+RESULT_FILE = {"bocf_ranking": "ranking.json", "bocf_ranking_sharp": "ranking.json"}
 FIGURES = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 FORWARD = ROOT / "benchmarks" / "results" / "forward.json"
@@ -39,8 +54,19 @@ def load(path: Path) -> dict[str, Any] | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def figure(run: str, name: str, title: str) -> str:
-    source = RUNS / run / name
+def run_dir(run: str, chosen: dict[str, Path]) -> Path:
+    """The directory of ``run``: the one named on the command line, else the candidate whose
+    result file was written last, else the first candidate (missing)."""
+    if run in chosen:
+        return chosen[run]
+    result = RESULT_FILE.get(run, "summary.json")
+    found = [d for d in RUN_DIRS[run] if (d / result).exists()]
+    return (max(found, key=lambda d: (d / result).stat().st_mtime) if found
+            else RUN_DIRS[run][0])
+
+
+def figure(dirs: Mapping[str, Path], run: str, name: str, title: str) -> str:
+    source = dirs[run] / name
     if not source.exists():
         return f"*(figure {run}/{name} missing)*"
     FIGURES.mkdir(parents=True, exist_ok=True)
@@ -59,10 +85,10 @@ def num(x: float | None, fmt: str = ".4g") -> str:
     return "—" if x is None else format(x, fmt)
 
 
-def ranking_section() -> list[str]:
-    data = load(RUNS / "bocf_ranking" / "ranking.json")
+def ranking_section(dirs: Mapping[str, Path]) -> list[str] | None:
+    data = load(dirs["bocf_ranking"] / "ranking.json")
     if data is None:
-        return ["*Ranking not run.*"]
+        return None
     rows = data["ranking"]
     lines = [f"{data['system']} on {data['grid'][0]}×{data['grid'][1]}, {data['n_steps']} steps "
              f"of dt = {data['dt']} ms, each parameter × {data['factor']}:", "",
@@ -71,8 +97,8 @@ def ranking_section() -> list[str]:
         lines.append(f"| {r['rank']} | {r['name']} | {r['value']:.5g} | {num(r['mae'], '.3e')} |")
     lines += ["", f"(ranks 15–{len(rows)} below {num(rows[14]['mae'], '.1e')}; "
               "full table in the run directory)", "",
-              figure("bocf_ranking", "ranking.png", "parameter ranking")]
-    sharp = load(RUNS / "bocf_ranking_sharp" / "ranking.json")
+              figure(dirs, "bocf_ranking", "ranking.png", "parameter ranking")]
+    sharp = load(dirs["bocf_ranking_sharp"] / "ranking.json")
     if sharp is not None:
         top = ", ".join(r["name"] for r in sharp["ranking"][:10])
         lines += ["", f"With the sharp published thresholds the top 10 are: {top}."]
@@ -120,11 +146,11 @@ def stages_text(stages: list | None) -> str:
     return "windows of " + " → ".join(str(k) for k in stages) + " frames"
 
 
-def fit_section(run: str, unit: str) -> list[str]:
-    summary = load(RUNS / run / "summary.json")
+def fit_section(dirs: Mapping[str, Path], run: str, unit: str) -> list[str] | None:
+    summary = load(dirs[run] / "summary.json")
     if summary is None:
-        return [f"*{run} not run.*"]
-    ev = load(RUNS / run / "evaluation.json")
+        return None
+    ev = load(dirs[run] / "evaluation.json")
     lines = [f"{summary['system']} on {summary['grid'][0]}×{summary['grid'][1]}, "
              f"{summary['n_steps']} steps, {stages_text(summary.get('stages'))}, schedule "
              f"{summary['schedule']}; loss {summary['initial_loss']:.3e} → "
@@ -139,15 +165,15 @@ def fit_section(run: str, unit: str) -> list[str]:
                         ("centre_trace.png", "centre pixel"),
                         ("difference_maps.png", "difference maps"),
                         ("separation.png", "twin separation")):
-        lines.append(figure(run, name, title))
+        lines.append(figure(dirs, run, name, title))
     return lines
 
 
-def partial_run(run: Path) -> list[str]:
+def partial_run(run: Path) -> list[str] | None:
     """An interrupted staged fit: the best record of each finished stage against the truth."""
     stages = sorted(run.glob("stage-*/metrics.jsonl"), key=lambda p: int(p.parent.name[6:]))
     if not stages or not (run / "data.zarr").exists():
-        return ["*Not run.*"]
+        return None
     from pdefit.data import open_dataset
 
     truth = open_dataset(run / "data.zarr").meta.true_params
@@ -166,10 +192,10 @@ def partial_run(run: Path) -> list[str]:
     return lines
 
 
-def sharp_section() -> list[str]:
-    summary = load(RUNS / "bocf_recovery_sharp" / "summary.json")
+def sharp_section(dirs: Mapping[str, Path]) -> list[str] | None:
+    summary = load(dirs["bocf_recovery_sharp"] / "summary.json")
     if summary is None:
-        return partial_run(RUNS / "bocf_recovery_sharp")
+        return partial_run(dirs["bocf_recovery_sharp"])
     return [f"{stages_text(summary.get('stages'))}, loss {summary['initial_loss']:.3e} → "
             f"{summary['best_loss']:.3e} in {summary['wall_time_s']:.0f} s; mean absolute "
             f"relative deviation {pct(summary['mean_rel_error'])}, median "
@@ -177,10 +203,10 @@ def sharp_section() -> list[str]:
             *parameter_rows(summary["parameters"])]
 
 
-def forward_section() -> list[str]:
+def forward_section() -> list[str] | None:
     data = load(FORWARD)
     if data is None:
-        return ["*Forward benchmark not run.*"]
+        return None
     bw = data["bandwidth_bytes_per_s"]
     lines = [f"Device {data['device']}, {data['cpu_count']} cores, JAX {data['jax']}, commit "
              f"{data['commit']}; copy bandwidth NumPy {bw['numpy_copy'] / 1e9:.2f} GB/s, XLA "
@@ -196,7 +222,46 @@ def forward_section() -> list[str]:
     return lines
 
 
-def main() -> None:
+def sections_of(page: str) -> dict[str, list[str]]:
+    """Heading line -> the lines under it (up to the next heading of any level)."""
+    sections: dict[str, list[str]] = {}
+    body: list[str] | None = None
+    for line in page.splitlines():
+        if line.startswith("#"):
+            body = sections.setdefault(line, [])
+        elif body is not None:
+            body.append(line)
+    return sections
+
+
+def section(heading: str, intro: list[str], lines: list[str] | None,
+            old: Mapping[str, list[str]]) -> list[str]:
+    """``heading``, ``intro`` and the generated ``lines``; without them (the run is not found)
+    the section as the existing page has it, so a measured result is never lost."""
+    if lines is not None:
+        return [heading, "", *intro, *lines, ""]
+    if heading in old:
+        print(f"{heading.lstrip('# ')}: run not found, section kept as it was",
+              file=sys.stderr)
+        return [heading, *old[heading]]
+    return [heading, "", *intro, "*Not run yet.*", ""]
+
+
+def chosen_dirs(argv: Sequence[str]) -> dict[str, Path]:
+    chosen = {}
+    for arg in argv:
+        key, sep, value = arg.partition("=")
+        if not sep or key not in RUN_DIRS:
+            raise SystemExit(f"usage: make_results.py [RUN=DIR ...], RUN one of "
+                             f"{', '.join(RUN_DIRS)}; got {arg!r}")
+        chosen[key] = Path(value).resolve()
+    return chosen
+
+
+def main(argv: Sequence[str] = ()) -> None:
+    chosen = chosen_dirs(argv)
+    dirs = {run: run_dir(run, chosen) for run in RUN_DIRS}
+    old = sections_of(PAGE.read_text()) if PAGE.exists() else {}
     page = [
         "# Results: the seed paper's cardiac cases",
         "",
@@ -207,36 +272,22 @@ def main() -> None:
         *COMMANDS,
         "```",
         "",
-        "## Which BOCF parameters matter",
-        "",
-        *ranking_section(),
-        "",
-        "## BOCF parameter recovery (`experiment=bocf_recovery`)",
-        "",
-        "The paper reports a mean absolute deviation of 0.76 % and a median of 0.4 % for these "
-        "10 parameters (512², GPU) and a forecast valid for about 2 s.",
-        "",
-        *fit_section("bocf_recovery", "ms"),
-        "",
-        "### The same with the published sharp thresholds (L-BFGS, float64)",
-        "",
-        "With `heaviside_width=0` the discrete-time misfit is a staircase at small scales "
-        "(docs/design-decisions.md); staged L-BFGS gets this far:",
-        "",
-        *sharp_section(),
-        "",
-        "## Aliev–Panfilov as a surrogate for BOCF (`experiment=ap_from_bocf`)",
-        "",
-        *fit_section("ap_from_bocf", "ms"),
-        "",
-        "## Forward speed (`benchmarks/forward.py`)",
-        "",
-        *forward_section(),
-        "",
+        *section("## Which BOCF parameters matter", [], ranking_section(dirs), old),
+        *section("## BOCF parameter recovery (`experiment=bocf_recovery`)", [
+            "The paper reports a mean absolute deviation of 0.76 % and a median of 0.4 % for "
+            "these 10 parameters (512², GPU) and a forecast valid for about 2 s.", ""],
+            fit_section(dirs, "bocf_recovery", "ms"), old),
+        *section("### The same with the published sharp thresholds (L-BFGS, float64)", [
+            "With `heaviside_width=0` the discrete-time misfit is a staircase at small scales "
+            "(docs/design-decisions.md); staged L-BFGS gets this far:", ""],
+            sharp_section(dirs), old),
+        *section("## Aliev–Panfilov as a surrogate for BOCF (`experiment=ap_from_bocf`)", [],
+                 fit_section(dirs, "ap_from_bocf", "ms"), old),
+        *section("## Forward speed (`benchmarks/forward.py`)", [], forward_section(), old),
     ]
-    PAGE.write_text("\n".join(page))
+    PAGE.write_text("\n".join(page).rstrip("\n") + "\n")
     print(f"wrote {PAGE}", file=sys.stderr)
 
 
 if __name__ == "__main__":
-    main()
+    main(sys.argv[1:])

@@ -35,7 +35,9 @@ from .fitted import FITTED_FILE, save_fitted
 from .gauss_newton import gauss_newton
 from .gradcheck import taylor_test
 from .influence import format_ranking, rank_parameters, write_ranking
+from .initial_fields import evaluate_initial_fields, format_errors
 from .integrate import simulate
+from .progress import ProgressOptions
 from .rundir import plain_config, register_resolvers, simulated_dataset
 from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, run_fit
@@ -46,8 +48,10 @@ register_resolvers()
 
 
 def _output_dir(cfg: DictConfig) -> Path:
-    out = Path(cfg.run.dir) if cfg.get("run") and cfg.run.dir else Path(
-        HydraConfig.get().runtime.output_dir)
+    """Hydra's output directory under Hydra (it is run.dir when given, see conf/fit.yaml; a
+    sweep point's own directory), else run.dir."""
+    out = (Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized()
+           else Path(cfg.run.dir))
     out.mkdir(parents=True, exist_ok=True)
     return out
 
@@ -62,9 +66,19 @@ def _dataset_for(cfg: DictConfig, out: Path, dtype: Any) -> Path:
     if cfg.data.path:
         return Path(hydra.utils.to_absolute_path(cfg.data.path))
     log.info("no data.path given: the run simulates its own dataset")
-    return simulated_dataset(
-        cfg, out / "data.zarr",
-        lambda path: assemble.simulate_dataset(cfg, path, dtype, log=log.info))
+
+    def simulate_into(path: Path) -> Path:
+        _log_simulation_start(cfg)
+        return assemble.simulate_dataset(cfg, path, dtype, log=log.info)
+
+    return simulated_dataset(cfg, out / "data.zarr", simulate_into)
+
+
+def _log_simulation_start(cfg: DictConfig) -> None:
+    sim, system = cfg.simulate, cfg.simulate.get("system") or cfg.system
+    log.info(f"simulating {sim.n_experiments} experiment(s) of {system.name} on "
+             f"{list(system.grid.shape)}: {sim.n_frames} frames × {sim.steps_per_frame} steps "
+             f"of dt={system.dt}…")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,14 +86,37 @@ def _dataset_for(cfg: DictConfig, out: Path, dtype: Any) -> Path:
 
 @hydra.main(config_path=CONF_DIR, config_name="simulate", version_base="1.3")
 def simulate_main(cfg: DictConfig) -> None:
+    """pdefit-simulate: simulate the configured system and write a synthetic Zarr dataset
+    (fields, true parameters, provenance) to simulate.output, a path relative to the directory
+    the command is started in. An existing dataset is replaced only with
+    simulate.overwrite=true, and then only once the new one is complete.
+
+    Main keys: system=<name> (aliev_panfilov, bocf, rayleigh_benard, sphere_ns, …;
+    system.params.*, system.grid.*, system.dt), simulate.output,
+    simulate.n_experiments, simulate.n_frames, simulate.steps_per_frame, simulate.seed,
+    simulate.noise.kind/sigma, precision; simulate.task/tasks split the experiments over a
+    job array (the tasks add to one dataset).
+
+    Example:
+      pdefit-simulate simulate.output=ap.zarr simulate.n_experiments=4
+      pdefit-fit data=zarr data.path=ap.zarr"""
     dtype = assemble.set_precision(cfg.precision)
     _start_processes(cfg)
     path = Path(hydra.utils.to_absolute_path(cfg.simulate.output))
-    if cfg.simulate.tasks > 1:
-        batch.simulate_share(cfg, path, dtype, cfg.simulate.task, cfg.simulate.tasks,
-                             log=log.info)
+    sim = cfg.simulate
+    if sim.tasks > 1:
+        batch.simulate_share(cfg, path, dtype, sim.task, sim.tasks, log=log.info)
     else:
-        assemble.simulate_dataset(cfg, path, dtype, log=log.info)
+        if path.exists() and not sim.overwrite:
+            raise assemble.ConfigError(
+                f"simulate.output: {path} exists; choose another simulate.output or replace "
+                "it with simulate.overwrite=true")
+        if path.exists():
+            log.info(f"simulate.overwrite=true: replacing {path} once the new dataset is "
+                     "complete")
+        _log_simulation_start(cfg)
+        simulated_dataset(cfg, path, lambda tmp: assemble.simulate_dataset(
+            cfg, tmp, dtype, log=log.info), reuse=False)
     log.info(f"wrote {path}")
 
 
@@ -129,7 +166,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
             first = setup
         stage_out = out if len(stages) == 1 else out / f"stage-{index}"
         stage_out.mkdir(parents=True, exist_ok=True)
-        state, history = _fit_stage(stage_cfg, setup, stage_out, theta)
+        state, history = _fit_stage(stage_cfg, setup, stage_out, theta, stages, index)
         theta = history.best_theta
         losses += history.losses
         wall += history.wall_time
@@ -156,6 +193,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         "parameters": rows, **error_summary(rows),
     }
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
+    summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
     if lead:
         (out / "summary.json").write_text(json.dumps(summary, indent=2))
     if rows:
@@ -194,9 +232,36 @@ def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, o
     return dict(result.summary)
 
 
-def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any):
+def _stage_progress(cfg: DictConfig, n_steps: int, stages: list[list[int] | None],
+                    index: int) -> ProgressOptions:
+    """Progress of stage ``index``: labelled "stage i/n (k frames)" in a staged fit, with the
+    later stages' work (each up to optim.steps steps, costing in proportion to its frames)
+    for the estimate of the whole fit's remaining time."""
+    frames = stages[index]
+    if frames is None or len(stages) == 1:
+        label, later = "fit", 0.0
+    else:
+        label = f"stage {index + 1}/{len(stages)} ({len(frames)} frames)"
+        later = sum(cfg.optim.steps * len(f) / len(frames) for f in stages[index + 1:])
+    return ProgressOptions(label=label, every=cfg.run.log_every, enabled=cfg.run.progress,
+                           rollout_steps=n_steps, later_work=later)
+
+
+def _initial_fields_report(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,
+                          lead: bool) -> dict[str, Any]:
+    """Fitted initial fields against the dataset's first frame (pdefit.initial_fields),
+    printed and returned for summary.json; empty when no field is fitted."""
+    result = evaluate_initial_fields(setup.problem, theta, setup.batch, cfg, dataset, out,
+                                     plots=bool(cfg.run.plots and lead))
+    if result:
+        print(format_errors(result["initial_fields"]))
+    return result
+
+
+def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
+               stages: list[list[int] | None] | None = None, index: int = 0):
     """One run of the optimiser on ``setup`` (from ``theta0`` if given), checkpointed in
-    ``out``."""
+    ``out``; stage ``index`` of ``stages`` (for its progress label)."""
     problem = setup.problem
     log.info(f"fit {list(problem.layout.fitted)} + fields {list(problem.fitted_fields)} of "
              f"{problem.system.name} on {problem.grid.shape}: {problem.n_steps} steps of "
@@ -211,8 +276,9 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
             raise assemble.ConfigError(f"optim: {err}") from None
     return run_fit(problem.loss, setup.theta0 if theta0 is None else theta0, setup.batch,
                    cfg.optim, describe=lambda th: _describe(problem, th),
-                   metrics_path=out / "metrics.jsonl", progress=cfg.run.progress,
-                   log=log.warning, checkpoint=checkpoint, resume=cfg.run.resume,
+                   metrics_path=out / "metrics.jsonl",
+                   progress=_stage_progress(cfg, problem.n_steps, stages or [None], index),
+                   log=log.info, checkpoint=checkpoint, resume=cfg.run.resume,
                    config=plain_config(cfg), status_path=out / "status.json",
                    curvature=curvature)
 
@@ -255,6 +321,22 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
 def fit_main(cfg: DictConfig) -> None:
+    """pdefit-fit: fit parameters (and initial fields) of a PDE system to observed frames by
+    gradient descent through the simulation (an exact discrete adjoint with checkpointing).
+    Without data.path it first simulates its own dataset (the demo: Aliev-Panfilov spirals on
+    64x64, six reaction parameters started 50 % off). Writes to the run directory (run.dir,
+    else runs/fit/<run.name or the overrides>): summary.json, metrics.jsonl, status.json,
+    checkpoints/ (a rerun resumes), fitted.npz, loss.png, fields.png, fit.log, .hydra/.
+
+    Main keys: system=<name>, data.path (a Zarr dataset; data.frames, data.experiments),
+    observe.fields, fit.params, fit.initial_fields.<field>=fit, fit.stages, optim=<name>
+    (optim.steps, optim.lr), adjoint=<schedule>, mesh=<layout>, precision, run.name, run.dir,
+    run.resume, run.plots, run.progress, run.log_every.
+
+    Examples:
+      pdefit-fit                                   # the demo, about a minute on a laptop
+      pdefit-fit fit.params=[k,a] run.name=two     # fit two parameters, in runs/fit/two
+      pdefit-fit experiment=bocf_recovery run.dir=runs/bocf"""
     fit(cfg)
 
 
@@ -268,6 +350,8 @@ def gradcheck(cfg: DictConfig) -> list[dict[str, float]]:
     setup = assemble.build_fit(cfg, _dataset_for(cfg, out, dtype), dtype)
     loss = jax.jit(setup.problem.loss)
     grad = jax.jit(jax.grad(setup.problem.loss))
+    log.info(f"gradcheck: compiling the loss and gradient ({setup.problem.n_steps} time "
+             "steps) and evaluating it at 6 step sizes…")
     rows = taylor_test(lambda th: loss(th, setup.batch), lambda th: grad(th, setup.batch),
                        setup.theta0, seed=0)
     print(f"{'eps':>10} {'|L(θ+εv) − L(θ)|':>18} {'|… − ε∇L·v|':>14} {'order':>6}")
@@ -280,6 +364,12 @@ def gradcheck(cfg: DictConfig) -> list[dict[str, float]]:
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
 def gradcheck_main(cfg: DictConfig) -> None:
+    """pdefit-gradcheck: Taylor test of the configured fit's gradient at its starting point:
+    prints |L(θ+εv) − L(θ) − ε∇L·v| for halving ε (an exact gradient shows order 2) and writes
+    gradcheck.json to the run directory. Takes every pdefit-fit key (same config).
+
+    Example:
+      pdefit-gradcheck precision=float64 adjoint=revolve"""
     gradcheck(cfg)
 
 
@@ -302,7 +392,8 @@ def rank(cfg: DictConfig) -> list[dict[str, Any]]:
     n_steps = (cfg.simulate.n_frames - 1) * cfg.simulate.steps_per_frame
     x0 = system.initial_state(grid, params, cfg.simulate.seed)
     rows = rank_parameters(system, grid, params, cfg.system.dt, cfg.system.integrator, x0,
-                           n_steps, cfg.simulate.steps_per_frame, cfg.rank.factor, names, dtype)
+                           n_steps, cfg.simulate.steps_per_frame, cfg.rank.factor, names, dtype,
+                           log=log.info)
     write_ranking(rows, cfg.rank.factor, out, extra={
         "system": system.name, "grid": list(grid.shape), "n_steps": n_steps,
         "dt": cfg.system.dt, "seed": cfg.simulate.seed})
@@ -315,4 +406,14 @@ def rank(cfg: DictConfig) -> list[dict[str, Any]]:
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
 def rank_main(cfg: DictConfig) -> None:
+    """pdefit-rank: rank the system's parameters by how much the simulated window moves when
+    each is multiplied by rank.factor (trajectory mean absolute deviation), to choose which to
+    fit. Writes ranking.json/txt/png to the run directory and prints a ready fit.params list.
+    Takes every pdefit-fit key (same config).
+
+    Main keys: system=<name>, rank.factor (1.5), rank.params (default: all), rank.top,
+    simulate.n_frames, simulate.steps_per_frame, simulate.seed.
+
+    Example:
+      pdefit-rank experiment=bocf_recovery"""
     rank(cfg)

@@ -240,9 +240,17 @@ class FitConfig:
 
 
 @dataclass
+class SimulateCommandConfig(SimulateConfig):
+    """``pdefit-simulate``'s ``simulate``: also whether an existing ``output`` may be
+    replaced."""
+
+    overwrite: bool = False
+
+
+@dataclass
 class SimulateMainConfig:
     system: SystemConfig = field(default_factory=SystemConfig)
-    simulate: SimulateConfig = field(default_factory=SimulateConfig)
+    simulate: SimulateCommandConfig = field(default_factory=SimulateCommandConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
     precision: str = "float32"
 

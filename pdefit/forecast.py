@@ -290,13 +290,29 @@ def format_evaluation(result: Mapping[str, Any]) -> str:
     return "\n".join(lines)
 
 
+EVALUATE_HELP = """\
+usage: pdefit-evaluate RUN_DIR [evaluate.<key>=<value> ...] [precision=float64]
+
+Forecast a finished fit (RUN_DIR of pdefit-fit) past its training window against the truth:
+re-simulates the data's system and runs the fitted model and a twin of the truth perturbed by
+evaluate.lyapunov_perturbation in one jitted scan. Prints how long the forecast stays valid
+(normalised MAE below evaluate.threshold), the Lyapunov exponent of the truth and the
+activation-time error; writes RUN_DIR/evaluation.json and plots (forecast_mae.png,
+centre_trace.png, difference_maps.png, separation.png, activation_error.png).
+
+keys: horizon (default 4 x the training window), frame_interval, threshold (0.05), field,
+activation_level, maps_at, lyapunov_perturbation (pdefit/config.py EvaluateConfig)
+
+example:
+  pdefit-fit experiment=bocf_recovery run.name=bocf
+  pdefit-evaluate runs/fit/bocf evaluate.horizon=2000"""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """``pdefit-evaluate RUN_DIR [evaluate.horizon=2000 ...]``"""
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
-        print("usage: pdefit-evaluate RUN_DIR [evaluate.<key>=<value> ...] [precision=float64]\n"
-              "keys: horizon, frame_interval, threshold, field, activation_level, maps_at, "
-              "lyapunov_perturbation (see pdefit/config.py EvaluateConfig)")
+        print(EVALUATE_HELP)
         raise SystemExit(0 if args else 2)
     try:
         result = evaluate_run(Path(args[0]), args[1:])

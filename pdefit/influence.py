@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,35 +25,35 @@ from .system import System, stepper
 
 def _trajectory_mae(system: System, grid: Grid, integrator: str, n_steps: int, every: int,
                     names: tuple[str, ...]):
-    """``(x0, params, dt, factor) -> MAE per name``, jitted: one reference rollout, then one
-    rollout per perturbed parameter (``lax.map``, so memory holds one perturbed trajectory)."""
+    """Jitted ``reference(x0, params, dt) -> frames`` and ``mae(x0, params, dt, factor, index,
+    frames) -> MAE`` of the rollout with ``names[index]`` multiplied by ``factor`` against
+    ``frames``; one compiled function serves every parameter, called once each so that the
+    ranking can report as it goes."""
     step = stepper(system, grid, integrator)
 
-    def rollout(x0, params, dt):
+    @jax.jit
+    def reference(x0, params, dt):
         return simulate(step, x0, params, 0.0, dt, n_steps, every)
 
     @jax.jit
-    def run(x0, params, dt, factor):
-        reference = rollout(x0, params, dt)
+    def mae(x0, params, dt, factor, index, frames):
+        scaled = {n: jnp.where(index == i, factor * params[n], params[n])
+                  for i, n in enumerate(names)}
+        perturbed = simulate(step, x0, {**params, **scaled}, 0.0, dt, n_steps, every)
+        errors = jax.tree.map(lambda a, b: jnp.mean(jnp.abs(a - b)), perturbed, frames)
+        return jnp.mean(jnp.stack(jax.tree.leaves(errors)))
 
-        def perturbed(index):
-            scaled = {n: jnp.where(index == i, factor * params[n], params[n])
-                      for i, n in enumerate(names)}
-            frames = rollout(x0, {**params, **scaled}, dt)
-            errors = jax.tree.map(lambda a, b: jnp.mean(jnp.abs(a - b)), frames, reference)
-            return jnp.mean(jnp.stack(jax.tree.leaves(errors)))
-
-        return jax.lax.map(perturbed, jnp.arange(len(names)))
-
-    return run
+    return reference, mae
 
 
 def rank_parameters(system: System, grid: Grid, params: Mapping[str, float], dt: float,
                     integrator: str, x0: Mapping[str, Any], n_steps: int, every: int = 1,
                     factor: float = 1.5, names: Sequence[str] | None = None,
-                    dtype: Any = jnp.float32) -> list[dict[str, Any]]:
+                    dtype: Any = jnp.float32,
+                    log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
     """Rows ``{rank, name, value, mae}`` sorted by decreasing MAE of the trajectory (frames every
     ``every`` steps over ``n_steps``, all fields) when ``name`` is multiplied by ``factor``.
+    ``log`` (if given) hears of each simulation as it finishes.
 
     A perturbation that makes the rollout blow up ranks first with ``mae = inf`` (the data
     certainly constrain it) and is flagged ``unstable``."""
@@ -66,14 +67,24 @@ def rank_parameters(system: System, grid: Grid, params: Mapping[str, float], dt:
         raise ValueError(f"the perturbation factor must be positive and not 1, got {factor}")
     if n_steps < 1 or every < 1:
         raise ValueError("n_steps and every must be >= 1")
-    run = _trajectory_mae(system, grid, integrator, int(n_steps), int(every), names)
+    say = log or (lambda message: None)
+    reference, mae = _trajectory_mae(system, grid, integrator, int(n_steps), int(every), names)
     p = {k: jnp.asarray(v, dtype) for k, v in params.items()}
     state = {k: jnp.asarray(v, dtype) for k, v in x0.items()}
-    maes = np.asarray(run(state, p, jnp.asarray(dt, dtype), jnp.asarray(factor, dtype)),
-                      dtype=np.float64)
-    rows = [{"name": n, "value": float(params[n]), "mae": float(m) if np.isfinite(m) else
-             math.inf, "unstable": not bool(np.isfinite(m))} for n, m in zip(names, maes,
-                                                                              strict=True)]
+    dt_, factor_ = jnp.asarray(dt, dtype), jnp.asarray(factor, dtype)
+    started = time.perf_counter()
+    say(f"rank: simulating the reference ({n_steps} steps), then {len(names)} perturbed "
+        "runs…")
+    frames = jax.block_until_ready(reference(state, p, dt_))
+    say(f"rank: reference done in {time.perf_counter() - started:.1f} s (with compilation)")
+    maes = []
+    for index, name in enumerate(names):
+        tick = time.perf_counter()
+        maes.append(float(mae(state, p, dt_, factor_, jnp.asarray(index), frames)))
+        say(f"rank: {index + 1}/{len(names)} {name} × {factor:g}: MAE {maes[-1]:.3e} "
+            f"({time.perf_counter() - tick:.1f} s)")
+    rows = [{"name": n, "value": float(params[n]), "mae": m if np.isfinite(m) else math.inf,
+             "unstable": not bool(np.isfinite(m))} for n, m in zip(names, maes, strict=True)]
     # Stable order: by MAE, ties (e.g. parameters that are zero, so scaling does nothing)
     # broken by name.
     rows.sort(key=lambda r: (-r["mae"], r["name"]))

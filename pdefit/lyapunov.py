@@ -178,6 +178,14 @@ def format_estimate(r: dict[str, Any]) -> str:
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
 def lyapunov_main(cfg: DictConfig) -> None:
+    """pdefit-lyapunov: the maximal Lyapunov exponent of the configured simulation (the data's
+    system from simulate.seed's initial state and a twin perturbed by
+    evaluate.lyapunov_perturbation), to choose a training window (simulate.n_frames) and a
+    forecast horizon before fitting. Prints λ, the Lyapunov time and a suggested window;
+    writes lyapunov.json to the run directory. Takes every pdefit-fit key (same config).
+
+    Example:
+      pdefit-lyapunov experiment=rb_temperature_from_velocity"""
     result = estimate(cfg)
     out = Path(cfg.run.dir) if cfg.get("run") and cfg.run.dir else Path(
         HydraConfig.get().runtime.output_dir)

@@ -15,9 +15,11 @@ checkpoint's config with the current one.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import logging
 import re
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,10 +56,42 @@ def dirname(name: str | None, overrides: str | None = None) -> str:
     return text
 
 
+def given_or(value: str | None, default: str) -> str:
+    """``value`` unless it is unset (``run.dir`` given on the command line wins over the
+    default directory)."""
+    return default if value in (None, "", "None") else str(value)
+
+
+def command_name(argv: list[str] | None = None) -> str:
+    """The running console command without its ``pdefit-`` prefix (``fit``, ``rank``, …);
+    ``pdefit`` when started otherwise (``python -m``, a test)."""
+    argv = sys.argv if argv is None else argv
+    name = Path(argv[0]).name if argv else ""
+    return name.removeprefix("pdefit-") if name.startswith("pdefit-") else "pdefit"
+
+
+def command_help(argv: list[str] | None = None) -> str:
+    """The ``--help`` description of the running console command: the docstring of its entry
+    point (``$`` escaped for Hydra's help template)."""
+    from importlib.metadata import entry_points
+
+    argv = sys.argv if argv is None else argv
+    name = Path(argv[0]).name if argv else ""
+    doc = next((inspect.getdoc(point.load()) for point in
+                entry_points(group="console_scripts", name=name)
+                if point.value.startswith("pdefit.")), None)
+    return (doc or "A pdefit command (see README.md).").replace("$", "$$")
+
+
 def register_resolvers() -> None:
-    """``${pdefit.dirname:<name>,<overrides>}``, used by ``hydra.run.dir``/``hydra.sweep.*``."""
-    if not OmegaConf.has_resolver(RESOLVER):
-        OmegaConf.register_new_resolver(RESOLVER, dirname)
+    """The resolvers of the configs (conf/fit.yaml, conf/simulate.yaml, conf/hydra/):
+    ``${pdefit.dirname:<name>,<overrides>}`` and ``${pdefit.or:${run.dir},<default>}`` name the
+    run directory, ``${pdefit.command:}`` its log file, ``${pdefit.help:}`` gives ``--help``."""
+    functions = {RESOLVER: dirname, "pdefit.or": given_or, "pdefit.command": command_name,
+                 "pdefit.help": command_help}
+    for name, function in functions.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, function)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -107,7 +141,7 @@ def simulated_dataset(cfg: Any, path: Path, simulate: Callable[[Path], Path],
     if _from_process_0(found):
         log.info(f"reusing the simulated dataset {path} (same system/simulate config)")
         return path
-    if path.exists():
+    if path.exists() and reuse:
         log.warning(f"{path} was simulated from another config: simulating it again")
     tmp = path.with_name(f".{path.name}.tmp")
     primary = jax.process_index() == 0

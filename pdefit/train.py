@@ -34,10 +34,10 @@ import numpy as np
 import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
-from tqdm.auto import tqdm
 
 from .checkpoint import CheckpointOptions, CheckpointStore, remove_checkpoints, write_json_atomic
 from .config import OptimConfig
+from .progress import ProgressOptions, progress_bar
 from .rundir import config_differences
 from .signals import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, signal_name
 
@@ -281,7 +281,7 @@ def _stalled(records: list[dict[str, Any]], patience: int) -> bool:
 
 def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             describe: Callable[[Any], Mapping[str, float]] | None = None,
-            metrics_path: Path | None = None, progress: bool = True,
+            metrics_path: Path | None = None, progress: bool | ProgressOptions = True,
             log: Callable[[str], None] = print,
             checkpoint: CheckpointOptions | None = None, resume: bool = True,
             config: Mapping[str, Any] | None = None, status_path: Path | None = None,
@@ -350,8 +350,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                 "wall_time_s": elapsed()})
 
     metrics = _open_metrics(metrics_path, history.records) if primary else None
-    bar = tqdm(total=cfg.steps, initial=int(state.step), disable=not progress or not primary,
-               desc="fit", dynamic_ncols=True)
+    bar = progress_bar(cfg.steps, int(state.step), progress, primary)
     # Signals are taken over only where they can be honoured: with checkpoints, or when the
     # caller passes its own flag.
     watch = store is not None or preemption is not None
