@@ -4,12 +4,16 @@ discrete adjoints and bounded memory.
 The public engine API is re-exported here; each concept lives in its own module.
 """
 
-from .adjoint import LossChain, Nested, Revolve, StoreAll, revolve_plan, snapshots_for_budget
-from .grid import Grid
-from .integrate import make_stepper, simulate
-from .observe import Observation, ObservedData, observed_data
-from .params import ParameterLayout, ParamSpec
-from .problem import Batch, FitProblem, Regularization
+from .signals import hold_early
+
+hold_early()  # pdefit-fit only: a signal during the imports below is recorded, not fatal
+
+from .adjoint import LossChain, Nested, Revolve, StoreAll, revolve_plan, snapshots_for_budget  # noqa: E402
+from .grid import Grid  # noqa: E402
+from .integrate import make_stepper, simulate  # noqa: E402
+from .observe import Observation, ObservedData, observed_data  # noqa: E402
+from .params import ParameterLayout, ParamSpec  # noqa: E402
+from .problem import Batch, FitProblem, Regularization  # noqa: E402
 
 __all__ = [
     "Batch",

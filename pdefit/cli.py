@@ -29,8 +29,10 @@ from .gradcheck import taylor_test
 from .influence import format_ranking, rank_parameters, write_ranking
 from .integrate import simulate
 from .rundir import plain_config, register_resolvers, simulated_dataset
+from .signals import FIT_SIGNALS, PreemptionFlag, signal_name
 from .system import stepper
-from .train import LEVENBERG_MARQUARDT, run_fit
+from .train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
+from .validate import validate_fit
 
 CONF_DIR = str(Path(__file__).resolve().parent.parent / "conf")
 log = logging.getLogger("pdefit")
@@ -95,22 +97,35 @@ def window_stages(cfg: DictConfig, n_frames: int) -> list[list[int] | None]:
     return [frames[:k] for k in counts]
 
 
-def fit(cfg: DictConfig) -> dict[str, Any]:
+def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, Any]:
     """Run one fit described by ``cfg``; return the summary (also written to summary.json).
 
     With ``fit.stages`` the training window grows stage by stage, each stage starting from the
     previous one's best θ: a long window of a chaotic system has many local minima far from
     the truth, a short one is nearly convex, and each lengthening starts close to its minimum.
     Each stage keeps its own checkpoints, metrics and status under ``stage-<i>/``, so an
-    interrupted staged fit resumes in the stage where it stopped."""
+    interrupted staged fit resumes in the stage where it stopped.
+
+    ``preemption`` (installed by ``fit_main`` for the whole process) is checked between the
+    start-up phases, where stopping leaves nothing half-written, and handed to the optimiser
+    loop, which checkpoints; a signal during the end phase lets it finish."""
     dtype = assemble.set_precision(cfg.precision)
+    validate_fit(cfg, log=log.warning)  # before anything is written or compiled
     _start_processes(cfg)
+
+    def stop_if_signalled(what: str) -> None:
+        if preemption is not None:
+            preemption.stop_if_requested(what, log.warning)
+
+    stop_if_signalled("during start-up")
     out = _output_dir(cfg)
+    _refuse_mismatched_resume(cfg, out)  # before the run directory is touched
     dataset = _dataset_for(cfg, out, dtype)
+    stop_if_signalled("after the dataset was made")
     stages = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
     lead = jax.process_index() == 0  # one process writes the shared run directory's files
     if lead:
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        _write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     theta, losses, wall, first = None, [], 0.0, None
     for index, frames in enumerate(stages):
         stage_cfg = cfg
@@ -120,9 +135,10 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         setup = assemble.build_fit(stage_cfg, dataset, dtype)
         if first is None:
             first = setup
+        stop_if_signalled("before training" if index == 0 else f"before stage {index + 1}")
         stage_out = out if len(stages) == 1 else out / f"stage-{index}"
         stage_out.mkdir(parents=True, exist_ok=True)
-        state, history = _fit_stage(stage_cfg, setup, stage_out, theta)
+        state, history = _fit_stage(stage_cfg, setup, stage_out, theta, preemption)
         theta = history.best_theta
         losses += history.losses
         wall += history.wall_time
@@ -141,7 +157,8 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         "system": problem.system.name, "grid": list(problem.grid.shape),
         "n_steps": problem.n_steps, "schedule": str(problem.schedule),
         "stages": [None if f is None else len(f) for f in stages],
-        "optimizer_steps": int(state.step), "final_loss": history.losses[-1],
+        "optimizer_steps": int(state.step), "stop_reason": history.stop_reason,
+        "final_loss": history.losses[-1],
         "best_loss": history.best_loss, "initial_loss": losses[0],
         "wall_time_s": wall, "nan_failures": history.nan_failures,
         "restarts": history.restarts,
@@ -149,7 +166,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     }
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     if lead:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        _write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     print(format_table(rows))
     if summary["mean_rel_error"] is not None:
         print(f"mean relative error {100 * summary['mean_rel_error']:.3f} %, median "
@@ -160,7 +177,37 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
             _plot_prediction(problem, setup, theta, out / "fields.png")
     log.info(f"outputs in {out}")
+    if preemption is not None and preemption.requested:
+        log.warning(f"{signal_name(preemption.signum)} arrived after the last step: the fit "
+                    "and its outputs are complete, exiting normally")
     return summary
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _has_checkpoints(out: Path) -> bool:
+    directories = [out / CHECKPOINT_DIR, *out.glob(f"stage-*/{CHECKPOINT_DIR}")]
+    return any(p.name.isdigit() for d in directories if d.is_dir() for p in d.iterdir())
+
+
+def _refuse_mismatched_resume(cfg: DictConfig, out: Path) -> None:
+    """A run directory with checkpoints is resumed only with the config it was made with
+    (up to driving and stopping keys): compared here, before its dataset, config.yaml or
+    checkpoints are touched. The checkpoints' own configs are checked again on restore."""
+    saved_path = out / "config.yaml"
+    if not cfg.run.resume or not saved_path.exists() or not _has_checkpoints(out):
+        return
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
+    except Exception:  # an unreadable or foreign config.yaml: the restore's check decides
+        return
+    error = resume_mismatch(saved, plain_config(cfg), out)  # type: ignore[arg-type]
+    if error is not None:
+        raise error
 
 
 def _describe(problem, theta) -> dict[str, Any]:
@@ -187,7 +234,8 @@ def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, o
     return {"sphere_force": result} if result else {}
 
 
-def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any):
+def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
+               preemption: PreemptionFlag | None = None):
     """One run of the optimiser on ``setup`` (from ``theta0`` if given), checkpointed in
     ``out``."""
     problem = setup.problem
@@ -207,7 +255,7 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
                    metrics_path=out / "metrics.jsonl", progress=cfg.run.progress,
                    log=log.warning, checkpoint=checkpoint, resume=cfg.run.resume,
                    config=plain_config(cfg), status_path=out / "status.json",
-                   curvature=curvature)
+                   curvature=curvature, preemption=preemption)
 
 
 def _plot_prediction(problem, setup, theta, path: Path) -> None:
@@ -232,7 +280,10 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
 def fit_main(cfg: DictConfig) -> None:
-    fit(cfg)
+    # Signals are held from here to the exit (and from the package import before, see
+    # pdefit.signals.hold_early): checkpoint and exit 75 (130 for Ctrl-C), never die midway.
+    with PreemptionFlag(FIT_SIGNALS) as flag:
+        fit(cfg, flag)
 
 
 # ---------------------------------------------------------------------------------------------
