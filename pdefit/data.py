@@ -703,7 +703,7 @@ class Dataset:
         except Exception as exc:  # a damaged shard: say which, not only Zarr's complaint
             exps = _indices(exp_sel, self.meta.n_experiments)
             frames_read = _indices(frame_sel, self.meta.n_frames)
-            shards = self._shard_keys(name, exps, frames_read)
+            shards = self._unreadable_shards(name, exps, frames_read, ys, xs)
             raise DatasetError(
                 f"{where}: cannot read experiment(s) {index_ranges(exps)}, frame(s) "
                 f"{index_ranges(frames_read)} ({type(exc).__name__}: {exc}); the shard "
@@ -736,14 +736,23 @@ class Dataset:
                     missing.setdefault(int(e), []).append(int(f))
         return missing
 
-    def _shard_keys(self, name: str, experiments: Sequence[int],
-                    frames: Sequence[int]) -> list[str]:
+    def _unreadable_shards(self, name: str, experiments: Sequence[int], frames: Sequence[int],
+                           ys: slice, xs: slice) -> list[str]:
+        """The keys of the shards (experiment, frame block) of a failed read that fail on
+        their own: the damaged files, found once a read has failed."""
         array = self.group[name]
         shard = array.shards or array.chunks
         encode = array.metadata.chunk_key_encoding.encode_chunk_key
-        keys = sorted({(int(e) // shard[0], int(f) // shard[1])
-                       for e in experiments for f in frames})
-        return [encode((*k, 0, 0)) for k in keys]
+        blocks = sorted({(int(e) // shard[0], int(f) // shard[1])
+                         for e in experiments for f in frames})
+        bad = []
+        for e, f in blocks:
+            try:
+                array.oindex[slice(e * shard[0], (e + 1) * shard[0]),
+                             slice(f * shard[1], (f + 1) * shard[1]), ys, xs]
+            except Exception:
+                bad.append(encode((e, f, 0, 0)))
+        return bad
 
     def _require_field(self, field: str) -> None:
         if field not in self.meta.fields:

@@ -54,7 +54,7 @@ def test_truncated_shard_names_dataset_field_frames_and_file(pristine, tmp_path)
         build(path)
     message = str(err.value)
     assert f"dataset {path} field 'u'" in message and "frame(s) 0-4" in message
-    assert "u/c/0/1/0/0" in message and "damaged or truncated" in message
+    assert "the shard file(s) u/c/0/1/0/0 of this dataset are damaged or truncated" in message
 
 
 def test_deleted_shard_is_missing_data_not_nan(pristine, tmp_path):
