@@ -280,10 +280,12 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
 def fit_main(cfg: DictConfig) -> None:
-    # Signals are held from here to the exit (and from the package import before, see
-    # pdefit.signals.hold_early): checkpoint and exit 75 (130 for Ctrl-C), never die midway.
-    with PreemptionFlag(FIT_SIGNALS) as flag:
-        fit(cfg, flag)
+    # Signals are held from here to the exit of the process (and from the package import
+    # before, see pdefit.signals.hold_early): checkpoint and exit 75 (130 for Ctrl-C), never
+    # die midway. Never given back: one during the interpreter's shutdown after a finished fit
+    # must not turn its status into a death by signal, and in a multirun the next job's flag
+    # takes it over (and stops at once, the requeued job going on from there).
+    fit(cfg, PreemptionFlag(FIT_SIGNALS).__enter__())
 
 
 # ---------------------------------------------------------------------------------------------

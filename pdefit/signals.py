@@ -31,8 +31,6 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-import numpy as np
-
 PREEMPTION_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL from sysexits.h
@@ -153,6 +151,7 @@ class PreemptionFlag:
         process received, through one small all-gather, so either all stop here or none does.
         """
         import jax
+        import numpy as np  # not at the top: this module is imported first of all (hold_early)
 
         if jax.process_count() == 1:
             return self.signum

@@ -284,27 +284,26 @@ def drive(spec: dict[str, Any]) -> None:
     sig = int(spec.get("signal", signal.SIGTERM))
     phase = spec.get("signal_in")
     if phase == "simulate":
-        original_simulate = assemble.simulate_dataset
-
-        def simulate_and_signal(*args, **kwargs):
-            os.kill(os.getpid(), sig)
-            return original_simulate(*args, **kwargs)
-
-        assemble.simulate_dataset = simulate_and_signal
+        _signal_on_call(assemble, "simulate_dataset", sig)
     elif phase == "end":
-        original_save = cli.save_fitted
-
-        def save_and_signal(*args, **kwargs):
-            os.kill(os.getpid(), sig)
-            return original_save(*args, **kwargs)
-
-        cli.save_fitted = save_and_signal
+        _signal_on_call(cli, "save_fitted", sig)
     if spec.get("kill_in_save") is not None:
         from test_resume import _kill_while_committing
 
         _kill_while_committing(int(spec["kill_in_save"]))
     sys.argv = ["pdefit-fit", f"run.dir={spec['run_dir']}", *TINY, *spec["overrides"]]
     cli.fit_main()
+
+
+def _signal_on_call(module: Any, name: str, sig: int) -> None:
+    """``module.name`` sends ``sig`` to this process, then does its work."""
+    original = getattr(module, name)
+
+    def signal_then_call(*args, **kwargs):
+        os.kill(os.getpid(), sig)
+        return original(*args, **kwargs)
+
+    setattr(module, name, signal_then_call)
 
 
 if __name__ == "__main__":
