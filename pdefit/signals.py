@@ -138,11 +138,13 @@ class PreemptionFlag:
 
     def stop_if_requested(self, what: str, log: Callable[[str], None]) -> None:
         """Between the phases of a fit's start-up, where nothing is half-written: exit now
-        (``Preempted``, status 75 or 130) if a signal came."""
-        if self.signum:
-            log(f"{signal_name(self.signum)} {what}: exiting with status "
-                f"{exit_code(self.signum)} (nothing half-written); the same command goes on")
-            raise Preempted(None, self.signum)
+        (``Preempted``, status 75 or 130) if a signal came to any process of the run (all
+        of them call this at the same points)."""
+        signum = self.agreed()
+        if signum:
+            log(f"{signal_name(signum)} {what}: exiting with status {exit_code(signum)} "
+                "(nothing half-written); the same command goes on")
+            raise Preempted(None, signum)
 
     def agreed(self) -> int:
         """The signal every process acts on at this step boundary (0: carry on).

@@ -229,7 +229,7 @@ def fault_trials(n: int, seed: int, workdir: Path, env: dict[str, str]) -> list[
             code = child.returncode
         else:
             name = rng.choice(list(SIGNALS))
-            at = f"{rng.uniform(0.2, 1.1 * span):.2f} s"
+            at = f"{rng.uniform(0.2, 0.8 * span):.2f} s"
             proc = subprocess.Popen(pdefit_fit(run_dir), env=env, cwd=workdir,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                     text=True)
@@ -251,11 +251,13 @@ def fault_trials(n: int, seed: int, workdir: Path, env: dict[str, str]) -> list[
         summary = json.loads((run_dir / "summary.json").read_text())
         ref_summary = json.loads((reference / "summary.json").read_text())
         same = same and summary["final_loss"] == ref_summary["final_loss"]
-        rows.append({"trial": trial, "signal": name, "at": at, "exit": code,
+        left = "nothing written" if after is None else f"{after['status']} @ {after['step']}"
+        rows.append({"trial": trial, "signal": name, "at": at, "exit": code, "left": left,
                      "resume exit": resumed.returncode, "identical": same})
-    print(f"\n{'trial':>5} {'signal':<14} {'at':<20} {'exit':>5} {'resume':>6} identical")
+    print(f"\n{'trial':>5} {'signal':<14} {'at':<18} {'exit':>5} {'status.json after':<18} "
+          f"{'resume':>6} identical   (uninterrupted run: {span:.1f} s)")
     for r in rows:
-        print(f"{r['trial']:>5} {r['signal']:<14} {r['at']:<20} {r['exit']:>5} "
+        print(f"{r['trial']:>5} {r['signal']:<14} {r['at']:<18} {r['exit']:>5} {r['left']:<18} "
               f"{r['resume exit']:>6} {'yes' if r['identical'] else 'NO'}")
     return rows
 
