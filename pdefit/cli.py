@@ -282,10 +282,14 @@ def _plot_prediction(problem, setup, theta, path: Path) -> None:
 def fit_main(cfg: DictConfig) -> None:
     # Signals are held from here to the exit of the process (and from the package import
     # before, see pdefit.signals.hold_early): checkpoint and exit 75 (130 for Ctrl-C), never
-    # die midway. Never given back: one during the interpreter's shutdown after a finished fit
-    # must not turn its status into a death by signal, and in a multirun the next job's flag
-    # takes it over (and stops at once, the requeued job going on from there).
-    fit(cfg, PreemptionFlag(FIT_SIGNALS).__enter__())
+    # die midway. Once the fit has ended they are ignored: one during the interpreter's
+    # shutdown must not turn a decided exit status into a death by signal (in a multirun the
+    # next job installs its own flag).
+    flag = PreemptionFlag(FIT_SIGNALS).__enter__()
+    try:
+        fit(cfg, flag)
+    finally:
+        flag.ignore_from_now()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -114,6 +114,15 @@ class PreemptionFlag:
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
 
+    def ignore_from_now(self) -> None:
+        """The process has decided how it ends (done, preempted, failed): ignore these signals
+        until it has exited. Python gives its handlers back to the default action while it
+        shuts down, and a signal then would turn the decided status into a death by signal
+        (an ignored one is left ignored)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                signal.signal(sig, signal.SIG_IGN)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if signum == signal.SIGINT and self.signum == signal.SIGINT:
             # Ctrl-C twice: the user wants out now. Checkpoints, status.json and datasets are
