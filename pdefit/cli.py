@@ -110,8 +110,8 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     start-up phases, where stopping leaves nothing half-written, and handed to the optimiser
     loop, which checkpoints; a signal during the end phase lets it finish."""
     dtype = assemble.set_precision(cfg.precision)
+    _start_processes(cfg)  # first: the validation may use JAX, which must not start before
     validate_fit(cfg, log=log.warning)  # before anything is written or compiled
-    _start_processes(cfg)
 
     def stop_if_signalled(what: str) -> None:
         if preemption is not None:
