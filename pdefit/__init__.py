@@ -6,16 +6,20 @@ The Python API (:mod:`pdefit.api`): :func:`get_system`, :func:`open_dataset`,
 concept lives in its own module.
 """
 
-from importlib.metadata import PackageNotFoundError, version
+from .signals import hold_early
 
-from .adjoint import LossChain, Nested, Revolve, StoreAll, revolve_plan, snapshots_for_budget
-from .api import FitResult, FitSetup, build_problem, fit, get_system, open_dataset
-from .grid import Grid
-from .integrate import make_stepper, simulate
-from .observe import Observation, ObservedData, observed_data
-from .params import ParameterLayout, ParamSpec
-from .problem import Batch, FitProblem, Regularization
-from .system import System, SystemEvaluation
+hold_early()  # pdefit-fit only: a signal during the imports below is recorded, not fatal
+
+from importlib.metadata import PackageNotFoundError, version  # noqa: E402
+
+from .adjoint import LossChain, Nested, Revolve, StoreAll, revolve_plan, snapshots_for_budget  # noqa: E402
+from .api import FitResult, FitSetup, build_problem, fit, get_system, open_dataset  # noqa: E402
+from .grid import Grid  # noqa: E402
+from .integrate import make_stepper, simulate  # noqa: E402
+from .observe import Observation, ObservedData, observed_data  # noqa: E402
+from .params import ParameterLayout, ParamSpec  # noqa: E402
+from .problem import Batch, FitProblem, Regularization  # noqa: E402
+from .system import System, SystemEvaluation  # noqa: E402
 
 try:
     __version__ = version("pdefit")

@@ -361,6 +361,48 @@ def _check_finite(ds: zd.Dataset, name: str, values, mask) -> None:
             "selection; mask them or use observe.nan=mask to treat NaN as missing")
 
 
+def _check_missing(ds: zd.Dataset, name: str, experiments: list[int], frames: list[int],
+                   policy: str) -> None:
+    """Frames whose shard files are gone are missing data, not NaN: an error, or with
+    ``observe.nan=mask`` unobserved frames, said so."""
+    missing = ds.missing_frames(name, experiments, frames)
+    if not missing:
+        return
+    listed = "; ".join(f"experiment {e}: frame(s) {zd.index_ranges(f)}"
+                       for e, f in missing.items())
+    count = sum(len(f) for f in missing.values())
+    if policy != "mask":
+        raise zd.DatasetError(
+            f"dataset {ds.path} field {name!r}: missing data — {count} frame(s) of the "
+            f"selection are not on disk (shard files deleted or never written): {listed}. "
+            "Re-create or copy the dataset again, choose other data.frames, or use "
+            "observe.nan=mask to fit without them")
+    log.warning(
+        f"dataset {ds.path} field {name!r}: {count} frame(s) are missing on disk ({listed}); "
+        "observe.nan=mask: they are treated as unobserved")
+
+
+@jax.jit
+def _mask_counts(mask):
+    observed_per_frame = jnp.sum(mask, axis=(2, 3))
+    return jnp.sum(mask), mask.size, jnp.sum(observed_per_frame == 0), observed_per_frame.size
+
+
+def _report_masked(ds: zd.Dataset, name: str, mask) -> None:
+    """With ``observe.nan=mask``: how much of the window is unobserved, and an error when a
+    field has no data in it at all (the fit would see nothing of it)."""
+    observed, total, empty, frames = (int(host_scalar(x)) for x in _mask_counts(mask))
+    if observed == 0:
+        raise zd.DatasetError(
+            f"dataset {ds.path} field {name!r}: no observed (finite, unmasked) value in the "
+            "training window; choose other data.frames or data.experiments, or drop it "
+            "from observe.fields")
+    if observed < total:
+        log.warning(
+            f"observe.nan=mask: field {name!r}: {total - observed} of {total} points masked "
+            f"({empty} of {frames} frames have no data)")
+
+
 class FitSetup(NamedTuple):
     """A fit ready to run (:func:`build_fit`, :func:`pdefit.build_problem`): the problem, the
     batch of data it reads, the starting point ``theta0`` (unconstrained), the starting values
@@ -445,12 +487,14 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
     reads: list = []
     values, masks = {}, {}
     for name in obs_cfg.fields:
+        _check_missing(ds, name, experiments, frames, obs_cfg.nan)
         v = dataset_array(ds, name, experiments, frames, stride, frames_placement,
                           dtype=np.dtype(dtype), reads=reads)
         m = (dataset_array(ds, name, experiments, frames, stride, frames_placement, mask=True,
                            reads=reads) if ds.has_mask(name) else None)
         if obs_cfg.nan == "mask":
             m = _finite_and(v, m)
+            _report_masked(ds, name, m)
         else:
             _check_finite(ds, name, v, m)
         values[name], masks[name] = v, m

@@ -113,6 +113,21 @@ class CheckpointStore:
 
     # -- restore --------------------------------------------------------------------------------
 
+    def read_config(self) -> tuple[int, dict[str, Any] | None] | None:
+        """(step, stored config) of the newest checkpoint whose config item reads, without
+        touching its arrays: what a resume compares with the requested config *before*
+        restoring a state whose structure may no longer match (another optimiser, other
+        fitted parameters). None if there is no readable one."""
+        args = self._ocp.args
+        for step in reversed(self.steps()):
+            try:
+                restored = self._manager.restore(step, args=args.Composite(
+                    config=args.JsonRestore()))
+            except Exception:  # unreadable: restore() reports it
+                continue
+            return step, dict(restored.config) if restored.config else None
+        return None
+
     def restore(self, like: Any) -> Restored | None:
         """The newest readable checkpoint, with arrays shaped, typed and sharded like ``like``
         (a state of the current run); None if there is none. A step that fails to read (a
@@ -134,8 +149,11 @@ class CheckpointStore:
             config = dict(restored.config) if restored.config else None
             return Restored(step, restored.state, meta, config)
         if errors:
-            raise CheckpointError(f"no readable checkpoint in {self.directory}: "
-                                  + "; ".join(errors))
+            raise CheckpointError(
+                f"no readable checkpoint in {self.directory} ("
+                + "; ".join(e.splitlines()[0][:200] for e in errors)
+                + "). Start over with run.resume=false (deletes them), or use another "
+                "run.dir or run.name.")
         return None
 
 

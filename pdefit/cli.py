@@ -39,8 +39,10 @@ from .initial_fields import evaluate_initial_fields, format_errors
 from .integrate import simulate
 from .progress import ProgressOptions
 from .rundir import plain_config, register_resolvers, simulated_dataset
+from .signals import FIT_SIGNALS, PreemptionFlag, signal_name
 from .system import field_attrs, image_origin, stepper, time_unit
-from .train import LEVENBERG_MARQUARDT, run_fit
+from .train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
+from .validate import validate_fit
 
 log = logging.getLogger("pdefit")
 register_configs()
@@ -139,22 +141,35 @@ def window_stages(cfg: DictConfig, n_frames: int) -> list[list[int] | None]:
     return [frames[:k] for k in counts]
 
 
-def fit(cfg: DictConfig) -> dict[str, Any]:
+def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, Any]:
     """Run one fit described by ``cfg``; return the summary (also written to summary.json).
 
     With ``fit.stages`` the training window grows stage by stage, each stage starting from the
     previous one's best θ: a long window of a chaotic system has many local minima far from
     the truth, a short one is nearly convex, and each lengthening starts close to its minimum.
     Each stage keeps its own checkpoints, metrics and status under ``stage-<i>/``, so an
-    interrupted staged fit resumes in the stage where it stopped."""
+    interrupted staged fit resumes in the stage where it stopped.
+
+    ``preemption`` (installed by ``fit_main`` for the whole process) is checked between the
+    start-up phases, where stopping leaves nothing half-written, and handed to the optimiser
+    loop, which checkpoints; a signal during the end phase lets it finish."""
     dtype = assemble.set_precision(cfg.precision)
-    _start_processes(cfg)
+    _start_processes(cfg)  # first: the validation may use JAX, which must not start before
+    validate_fit(cfg, log=log.warning)  # before anything is written or compiled
+
+    def stop_if_signalled(what: str) -> None:
+        if preemption is not None:
+            preemption.stop_if_requested(what, log.warning)
+
+    stop_if_signalled("during start-up")
     out = _output_dir(cfg)
+    _refuse_mismatched_resume(cfg, out)  # before the run directory is touched
     dataset = _dataset_for(cfg, out, dtype)
+    stop_if_signalled("after the dataset was made")
     stages = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
     lead = jax.process_index() == 0  # one process writes the shared run directory's files
     if lead:
-        (out / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+        _write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     theta, losses, wall, first = None, [], 0.0, None
     for index, frames in enumerate(stages):
         stage_cfg = cfg
@@ -164,9 +179,11 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         setup = assemble.build_fit(stage_cfg, dataset, dtype)
         if first is None:
             first = setup
+        stop_if_signalled("before training" if index == 0 else f"before stage {index + 1}")
         stage_out = out if len(stages) == 1 else out / f"stage-{index}"
         stage_out.mkdir(parents=True, exist_ok=True)
-        state, history = _fit_stage(stage_cfg, setup, stage_out, theta, stages, index)
+        state, history = _fit_stage(stage_cfg, setup, stage_out, theta, stages, index,
+                                    preemption)
         theta = history.best_theta
         losses += history.losses
         wall += history.wall_time
@@ -186,7 +203,8 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         "system": problem.system.name, "grid": list(problem.grid.shape),
         "n_steps": problem.n_steps, "schedule": str(problem.schedule),
         "stages": [None if f is None else len(f) for f in stages],
-        "optimizer_steps": int(state.step), "final_loss": history.losses[-1],
+        "optimizer_steps": int(state.step), "stop_reason": history.stop_reason,
+        "final_loss": history.losses[-1],
         "best_loss": history.best_loss, "initial_loss": losses[0],
         "wall_time_s": wall, "nan_failures": history.nan_failures,
         "restarts": history.restarts,
@@ -195,7 +213,7 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
     if lead:
-        (out / "summary.json").write_text(json.dumps(summary, indent=2))
+        _write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     if rows:
         print(format_table(rows))
     if summary["mean_rel_error"] is not None:
@@ -206,7 +224,37 @@ def fit(cfg: DictConfig) -> dict[str, Any]:
         if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
             _plot_prediction(problem, setup, theta, out / "fields.png")
     log.info(f"outputs in {out}")
+    if preemption is not None and preemption.requested:
+        log.warning(f"{signal_name(preemption.signum)} arrived after the last step: the fit "
+                    "and its outputs are complete, exiting normally")
     return summary
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
+
+
+def _has_checkpoints(out: Path) -> bool:
+    directories = [out / CHECKPOINT_DIR, *out.glob(f"stage-*/{CHECKPOINT_DIR}")]
+    return any(p.name.isdigit() for d in directories if d.is_dir() for p in d.iterdir())
+
+
+def _refuse_mismatched_resume(cfg: DictConfig, out: Path) -> None:
+    """A run directory with checkpoints is resumed only with the config it was made with
+    (up to driving and stopping keys): compared here, before its dataset, config.yaml or
+    checkpoints are touched. The checkpoints' own configs are checked again on restore."""
+    saved_path = out / "config.yaml"
+    if not cfg.run.resume or not saved_path.exists() or not _has_checkpoints(out):
+        return
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
+    except Exception:  # an unreadable or foreign config.yaml: the restore's check decides
+        return
+    error = resume_mismatch(saved, plain_config(cfg), out)  # type: ignore[arg-type]
+    if error is not None:
+        raise error
 
 
 def _describe(problem, theta) -> dict[str, Any]:
@@ -259,7 +307,8 @@ def _initial_fields_report(cfg: DictConfig, setup: Any, theta: Any, dataset: Pat
 
 
 def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
-               stages: list[list[int] | None] | None = None, index: int = 0):
+               stages: list[list[int] | None] | None = None, index: int = 0,
+               preemption: PreemptionFlag | None = None):
     """One run of the optimiser on ``setup`` (from ``theta0`` if given), checkpointed in
     ``out``; stage ``index`` of ``stages`` (for its progress label)."""
     problem = setup.problem
@@ -280,7 +329,7 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
                    progress=_stage_progress(cfg, problem.n_steps, stages or [None], index),
                    log=log.info, checkpoint=checkpoint, resume=cfg.run.resume,
                    config=plain_config(cfg), status_path=out / "status.json",
-                   curvature=curvature)
+                   curvature=curvature, preemption=preemption)
 
 
 def _loss_description(problem) -> str:
@@ -337,7 +386,16 @@ def fit_main(cfg: DictConfig) -> None:
       pdefit-fit                                   # the demo, about a minute on a laptop
       pdefit-fit fit.params=[k,a] run.name=two     # fit two parameters, in runs/fit/two
       pdefit-fit experiment=bocf_recovery run.dir=runs/bocf"""
-    fit(cfg)
+    # Signals are held from here to the exit of the process (and from the package import
+    # before, see pdefit.signals.hold_early): checkpoint and exit 75 (130 for Ctrl-C), never
+    # die midway. Once the fit has ended they are ignored: one during the interpreter's
+    # shutdown must not turn a decided exit status into a death by signal (in a multirun the
+    # next job installs its own flag).
+    flag = PreemptionFlag(FIT_SIGNALS).__enter__()
+    try:
+        fit(cfg, flag)
+    finally:
+        flag.ignore_from_now()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -828,13 +828,85 @@ class Dataset:
         )
         ys, xs = region if region is not None else (slice(None), slice(None))
         # Orthogonal indexing so lists of experiments and frames combine like np.ix_.
-        return np.asarray(self.group[name].oindex[exp_sel, frame_sel, ys, xs])
+        try:
+            return np.asarray(self.group[name].oindex[exp_sel, frame_sel, ys, xs])
+        except Exception as exc:  # a damaged shard: say which, not only Zarr's complaint
+            exps = _indices(exp_sel, self.meta.n_experiments)
+            frames_read = _indices(frame_sel, self.meta.n_frames)
+            shards = self._unreadable_shards(name, exps, frames_read, ys, xs)
+            raise DatasetError(
+                f"{where}: cannot read experiment(s) {index_ranges(exps)}, frame(s) "
+                f"{index_ranges(frames_read)} ({type(exc).__name__}: {exc}); the shard "
+                "file(s) "
+                f"{', '.join(f'{name}/{k}' for k in shards[:4])}{' …' if len(shards) > 4 else ''}"
+                " of this dataset are damaged or truncated: simulate or copy it again"
+            ) from exc
+
+    def missing_frames(
+        self, field: str, experiments: Sequence[int], frames: Sequence[int]
+    ) -> dict[int, list[int]]:
+        """{experiment: frames} of the selection whose shard files are not on disk (deleted,
+        or never written by an interrupted writer): Zarr would return its fill value, NaN,
+        for them, and they would look like NaN data. Empty when nothing is missing (and for
+        datasets that are not local directories, which cannot be checked this way)."""
+        self._require_field(field)
+        root = Path(self.path)
+        if not root.is_dir():
+            return {}
+        array = self.group[field]
+        shard = array.shards or array.chunks
+        encode = array.metadata.chunk_key_encoding.encode_chunk_key
+        ny, nx = self.meta.grid_shape
+        tiles = [(i, j) for i in range(-(-ny // shard[2])) for j in range(-(-nx // shard[3]))]
+        missing: dict[int, list[int]] = {}
+        for e in experiments:
+            for f in frames:
+                key = (int(e) // shard[0], int(f) // shard[1])
+                if any(not (root / field / encode((*key, i, j))).exists() for i, j in tiles):
+                    missing.setdefault(int(e), []).append(int(f))
+        return missing
+
+    def _unreadable_shards(self, name: str, experiments: Sequence[int], frames: Sequence[int],
+                           ys: slice, xs: slice) -> list[str]:
+        """The keys of the shards (experiment, frame block) of a failed read that fail on
+        their own: the damaged files, found once a read has failed."""
+        array = self.group[name]
+        shard = array.shards or array.chunks
+        encode = array.metadata.chunk_key_encoding.encode_chunk_key
+        blocks = sorted({(int(e) // shard[0], int(f) // shard[1])
+                         for e in experiments for f in frames})
+        bad = []
+        for e, f in blocks:
+            try:
+                array.oindex[slice(e * shard[0], (e + 1) * shard[0]),
+                             slice(f * shard[1], (f + 1) * shard[1]), ys, xs]
+            except Exception:
+                bad.append(encode((e, f, 0, 0)))
+        return bad
 
     def _require_field(self, field: str) -> None:
         if field not in self.meta.fields:
             raise DatasetError(
                 f"dataset {self.path} has no field {field!r}; it has {list(self.meta.fields)}"
             )
+
+
+def _indices(sel: int | slice | np.ndarray, n: int) -> list[int]:
+    """A normalised selection as a list of indices."""
+    if isinstance(sel, slice):
+        return list(range(n)[sel])
+    return [int(i) for i in np.atleast_1d(sel)]
+
+
+def index_ranges(indices: Sequence[int]) -> str:
+    """``0-15, 18`` for [0, 1, …, 15, 18]."""
+    parts: list[tuple[int, int]] = []
+    for i in sorted({int(x) for x in indices}):
+        if parts and i == parts[-1][1] + 1:
+            parts[-1] = (parts[-1][0], i)
+        else:
+            parts.append((i, i))
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in parts) or "none"
 
 
 def _normalise_selection(

@@ -11,6 +11,7 @@ thousands of frames fits in memory. Metrics and plots are in :mod:`pdefit.evalua
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -112,7 +113,17 @@ def load_run_config(run_dir: Path, overrides: Sequence[str] = ()) -> Any:
     if bad:
         raise EvaluationError(f"only evaluate.* and precision may be overridden, got {bad}")
     cfg = OmegaConf.merge(OmegaConf.structured(FitConfig), OmegaConf.load(path))
-    return OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    _check_evaluate_settings(cfg.evaluate)
+    return cfg
+
+
+def _check_evaluate_settings(ev: Any) -> None:
+    """``evaluate.*`` values that cannot work, named before anything is simulated."""
+    for key in ("horizon", "frame_interval", "threshold", "lyapunov_perturbation"):
+        value = getattr(ev, key)
+        if value is not None and not (math.isfinite(float(value)) and float(value) > 0):
+            raise EvaluationError(f"evaluate.{key} must be a positive number, got {value!r}")
 
 
 def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int = 0,

@@ -39,6 +39,10 @@ MAX_NAME = 120
 # Keys that change how a run is driven, not what it computes: a resumed run may change them
 # (a requeued job may land on another mesh shape or process count).
 DRIVING_KEYS = ("run.", "mesh.", "distributed.", "rank.", "evaluate.")
+# Keys that only say when to stop: a finished (or stopped) run may be continued with more
+# optim.steps or other stopping tolerances. With a decaying learning-rate schedule the
+# schedule is recomputed for the new step count from the step reached.
+CONTINUATION_KEYS = ("optim.steps", "optim.grad_tol", "optim.patience")
 # What the simulated dataset of the embedded default depends on.
 SIMULATION_KEYS = ("system", "simulate", "precision")
 

@@ -11,6 +11,15 @@ later"). Slurm requeues the job itself after ``scontrol requeue`` or a preemptio
 time-limit warning (``--signal=USR1@…``) ``slurm/fit.sbatch`` sees 75 and requeues the job.
 Under submitit the handler submitit installed for USR2 (it requeues the job and exits) is
 called once the save is done: the "USR2 bridge".
+
+SIGINT (Ctrl-C) is handled the same way by ``pdefit-fit`` (the checkpoint is written, one
+line says so) but exits with status 130, the shell's code for an interrupt, so that
+``slurm/fit.sbatch`` does not requeue a job its user stopped. A second Ctrl-C ends the process
+at once (status 130): everything on disk is written atomically, so nothing is half-written.
+
+``pdefit-fit`` holds these signals for the whole life of the process: :func:`hold_early`
+records them from the moment the package is imported (before JAX, whose import takes
+seconds), and the flag that ``fit_main`` installs takes the recorded signal over.
 """
 
 from __future__ import annotations
@@ -22,11 +31,20 @@ from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
-import numpy as np
-
 PREEMPTION_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 PREEMPTED_EXIT_CODE = 75  # EX_TEMPFAIL from sysexits.h
+INTERRUPTED_EXIT_CODE = 130  # 128 + SIGINT: what a shell reports for Ctrl-C
+FIT_SIGNALS: tuple[signal.Signals, ...] = (*PREEMPTION_SIGNALS, signal.SIGINT)
+
+
+def exit_code(signum: int) -> int:
+    """75 (requeue me) for the preemption signals, 130 for Ctrl-C."""
+    return INTERRUPTED_EXIT_CODE if signum == signal.SIGINT else PREEMPTED_EXIT_CODE
+
+
+def stop_reason(signum: int) -> str:
+    return "interrupted" if signum == signal.SIGINT else "preempted"
 
 
 class Preempted(SystemExit):
@@ -37,14 +55,16 @@ class Preempted(SystemExit):
     then reads, although Slurm is about to run the job again.
     """
 
-    def __init__(self, step: int, signum: int) -> None:
-        super().__init__(PREEMPTED_EXIT_CODE)
-        self.step = step
+    def __init__(self, step: int | None, signum: int) -> None:
+        super().__init__(exit_code(signum))
+        self.step = step  # the checkpoint's step; None: stopped before training started
         self.signum = signum
 
     def __str__(self) -> str:
-        return (f"preempted by {signal_name(self.signum)}: checkpoint saved at step {self.step}; "
-                f"exiting with status {PREEMPTED_EXIT_CODE} so the job is requeued")
+        where = ("before training started, nothing written" if self.step is None
+                 else f"checkpoint saved at step {self.step}")
+        return (f"{stop_reason(self.signum)} by {signal_name(self.signum)}: {where}; exiting "
+                f"with status {self.code}")
 
 
 def signal_name(signum: int) -> str:
@@ -68,21 +88,50 @@ class PreemptionFlag:
         self.signals = signals
         self.signum = 0
         self._previous: dict[int, Handler] = {}
+        self._depth = 0  # nested ``with`` blocks: only the outermost installs and restores
 
     # -- installing ----------------------------------------------------------------------------
 
     def __enter__(self) -> PreemptionFlag:
-        if threading.current_thread() is threading.main_thread():
+        self._depth += 1
+        if self._depth == 1 and threading.current_thread() is threading.main_thread():
             for sig in self.signals:
-                self._previous[sig] = signal.signal(sig, self._handle)
+                previous = signal.signal(sig, self._handle)
+                early = getattr(previous, "__self__", None)
+                if isinstance(early, PreemptionFlag) and early is not self:
+                    # Taking over from hold_early: its signal and the handler before it.
+                    if early.signum:
+                        self.request(early.signum)
+                    previous = early._previous.get(sig, previous)
+                self._previous[sig] = previous
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth:
+            return
         for sig, previous in self._previous.items():
             signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
         self._previous.clear()
 
+    def ignore_from_now(self) -> None:
+        """The process has decided how it ends (done, preempted, failed): ignore these signals
+        until it has exited. Python gives its handlers back to the default action while it
+        shuts down, and a signal then would turn the decided status into a death by signal
+        (an ignored one is left ignored)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.signals:
+                signal.signal(sig, signal.SIG_IGN)
+
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.signum == signal.SIGINT:
+            # Ctrl-C twice: the user wants out now. Checkpoints, status.json and datasets are
+            # written atomically, so stopping here leaves nothing half-written.
+            import os
+            import sys
+
+            sys.stderr.write("\nsecond Ctrl-C: exiting now without a checkpoint\n")
+            os._exit(INTERRUPTED_EXIT_CODE)
         self.request(signum)
 
     # -- asking ---------------------------------------------------------------------------------
@@ -96,6 +145,16 @@ class PreemptionFlag:
     def requested(self) -> bool:
         return bool(self.signum)
 
+    def stop_if_requested(self, what: str, log: Callable[[str], None]) -> None:
+        """Between the phases of a fit's start-up, where nothing is half-written: exit now
+        (``Preempted``, status 75 or 130) if a signal came to any process of the run (all
+        of them call this at the same points)."""
+        signum = self.agreed()
+        if signum:
+            log(f"{signal_name(signum)} {what}: exiting with status {exit_code(signum)} "
+                "(nothing half-written); the same command goes on")
+            raise Preempted(None, signum)
+
     def agreed(self) -> int:
         """The signal every process acts on at this step boundary (0: carry on).
 
@@ -103,6 +162,7 @@ class PreemptionFlag:
         process received, through one small all-gather, so either all stop here or none does.
         """
         import jax
+        import numpy as np  # not at the top: this module is imported first of all (hold_early)
 
         if jax.process_count() == 1:
             return self.signum
@@ -117,7 +177,7 @@ class PreemptionFlag:
         the job and exits). Default and ignore dispositions are left alone: the caller exits
         with :data:`PREEMPTED_EXIT_CODE` instead."""
         previous = self._previous.get(self.signum)
-        if callable(previous):
+        if callable(previous) and previous is not signal.default_int_handler:
             previous(self.signum, None)
 
 
@@ -126,3 +186,17 @@ def preemption_flag(flag: PreemptionFlag | None = None) -> Iterator[PreemptionFl
     """``flag`` installed for the duration (a fresh one if None)."""
     with flag if flag is not None else PreemptionFlag() as active:
         yield active
+
+
+def hold_early(program: str = "pdefit-fit") -> PreemptionFlag | None:
+    """Record :data:`FIT_SIGNALS` from now on when this process is ``program`` (the console
+    script), so that one arriving during the imports is acted on, not fatal. The flag stays
+    installed until the flag of ``fit_main`` takes over (see ``PreemptionFlag.__enter__``)."""
+    import sys
+    from pathlib import Path
+
+    if not sys.argv or Path(sys.argv[0]).name != program:
+        return None
+    flag = PreemptionFlag(FIT_SIGNALS)
+    flag.__enter__()
+    return flag

@@ -38,8 +38,8 @@ from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSha
 from .checkpoint import CheckpointOptions, CheckpointStore, remove_checkpoints, write_json_atomic
 from .config import OptimConfig
 from .progress import ProgressOptions, progress_bar
-from .rundir import config_differences
-from .signals import PREEMPTED_EXIT_CODE, Preempted, PreemptionFlag, signal_name
+from .rundir import CONTINUATION_KEYS, DRIVING_KEYS, config_differences
+from .signals import Preempted, PreemptionFlag, exit_code, signal_name, stop_reason
 
 
 class TrainingDivergedError(RuntimeError):
@@ -72,6 +72,9 @@ class FitHistory:
     wall_time: float = 0.0  # over all restarts
     restarts: int = 0  # how many times this run was resumed from a checkpoint
     resumed_from: int | None = None  # the step this process resumed from
+    # Why the loop ended: steps_done | converged | stalled (patience, or steps that no longer
+    # change anything) | preempted | interrupted (Ctrl-C) | diverged.
+    stop_reason: str = ""
 
 
 def learning_rate_schedule(cfg: OptimConfig) -> optax.Schedule:
@@ -268,6 +271,19 @@ class _Anchor:
     n_records: int
 
 
+# Steps in a row with bit-identical loss and gradient norm after which a fit counts as stalled:
+# the optimiser no longer moves θ (L-BFGS whose line search finds no descent below float
+# resolution), so further steps would repeat the same numbers.
+IDENTICAL_STEPS = 3
+
+
+def _repeating(records: list[dict[str, Any]]) -> bool:
+    recent = records[-IDENTICAL_STEPS:]
+    return len(recent) == IDENTICAL_STEPS and all(
+        (r["loss"], r["grad_norm"]) == (recent[0]["loss"], recent[0]["grad_norm"])
+        for r in recent)
+
+
 def _stalled(records: list[dict[str, Any]], patience: int) -> bool:
     """True when the best loss of the last ``patience`` records is no better (by a relative
     1e-6) than the best before them: the optimiser is going nowhere (e.g. an L-BFGS line
@@ -333,7 +349,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     def meta(status: str) -> dict[str, Any]:
         return {"records": history.records[:anchor.n_records],
                 "nan_failures": history.nan_failures, "restarts": history.restarts,
-                "wall_time": elapsed(), "data_fingerprint": fingerprint, "status": status}
+                "wall_time": elapsed(), "data_fingerprint": fingerprint, "status": status,
+                "stop_reason": history.stop_reason}
 
     def save(status: str, wait: bool = False) -> None:
         if store is not None:
@@ -343,7 +360,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     def write_status(status: str) -> None:
         if status_path is not None and primary:
             write_json_atomic(status_path, {
-                "status": status, "step": int(anchor.state.step),
+                "status": status, "stop_reason": history.stop_reason or None,
+                "step": int(anchor.state.step),
                 "loss": history.records[-1]["loss"] if history.records else None,
                 "best_loss": _finite_or_none(history.best_loss),
                 "nan_failures": history.nan_failures, "restarts": history.restarts,
@@ -374,12 +392,21 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                     grad_norm_0 = history.records[0]["grad_norm"]
                     converged = record["grad_norm"] <= cfg.grad_tol * grad_norm_0
                     if converged:
+                        history.stop_reason = "converged"
                         log(f"converged at step {int(state.step)}: gradient norm "
                             f"{record['grad_norm']:.3e} <= {cfg.grad_tol:g} x initial")
                     elif cfg.patience and _stalled(history.records, cfg.patience):
                         converged = True
+                        history.stop_reason = "stalled"
                         log(f"stopped at step {int(state.step)}: the loss has not improved "
                             f"by a relative 1e-6 in {cfg.patience} steps (optim.patience)")
+                    elif cfg.name != LEVENBERG_MARQUARDT and _repeating(history.records):
+                        # (a rejected Levenberg–Marquardt step legitimately repeats θ)
+                        converged = True
+                        history.stop_reason = "stalled"
+                        log(f"stopped at step {int(state.step)}: {IDENTICAL_STEPS} steps in "
+                            f"a row with the same loss {value:.6e} and gradient norm; the "
+                            "optimiser no longer changes the parameters")
                     bar.set_postfix(loss=f"{value:.3e}", refresh=False)
                     bar.update(1)
                     if on_step:
@@ -387,6 +414,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                 else:
                     history.nan_failures += 1
                     if history.nan_failures > cfg.max_nan_failures:
+                        history.stop_reason = "diverged"
                         write_status("diverged")
                         raise TrainingDivergedError(
                             f"loss or gradient not finite at step {int(state.step)} "
@@ -409,17 +437,20 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                 # Step boundary: every process takes the same decision here.
                 signum = flag.agreed() if watch else 0
                 if signum:
-                    save("preempted", wait=True)
+                    history.stop_reason = stop_reason(signum)
+                    save(history.stop_reason, wait=True)
                     where = f"written to {store.directory}" if store else "not written"
+                    then = ("so that the job is requeued" if history.stop_reason == "preempted"
+                            else "(interrupted); the same command resumes")
                     log(f"{signal_name(signum)}: checkpoint at step {int(anchor.state.step)} "
-                        f"{where}; exiting with status {PREEMPTED_EXIT_CODE} so that the "
-                        "job is requeued")
+                        f"{where}; exiting with status {exit_code(signum)} {then}")
                     flag.forward()
                     raise Preempted(int(anchor.state.step), signum)
                 if converged:
                     break
                 if store is not None and int(anchor.state.step) % checkpoint.every == 0:
                     save("running")
+        history.stop_reason = history.stop_reason or "steps_done"
         final_loss = float(jax.jit(loss)(state.theta, batch))
         save("done", wait=True)
     finally:
@@ -454,14 +485,20 @@ def _open_checkpoints(options: CheckpointOptions, resume: bool, fresh: TrainStat
             log(f"run.resume=false: removed {removed} checkpoint(s) in {options.directory}; "
                 "starting over")
     store = CheckpointStore(options)
-    restored = store.restore(fresh)
-    if restored is None:
-        return store, fresh, FitHistory()
     try:
-        _check_compatible(restored, config, fingerprint, store)
-    except ResumeMismatchError:
+        # The stored config first: a changed optimiser or parameter set also changes the
+        # state's structure, and the restore would only say that the trees do not match.
+        stored = store.read_config()
+        if stored is not None:
+            _check_config(stored[1], config, store)
+        restored = store.restore(fresh)
+        if restored is not None:
+            _check_compatible(restored, config, fingerprint, store)
+    except Exception:
         store.close()
         raise
+    if restored is None:
+        return store, fresh, FitHistory()
     history = _history_from(restored.meta)
     history.restarts += 1
     history.resumed_from = restored.step
@@ -489,22 +526,41 @@ def _history_from(meta: Mapping[str, Any]) -> FitHistory:
                       restarts=int(meta.get("restarts", 0)))
 
 
+RESUME_HINT = ("Use another run.name or run.dir for this run, or run.resume=false to discard "
+               "the checkpoints.")
+
+
+def resume_mismatch(saved: Mapping[str, Any] | None, config: Mapping[str, Any],
+                    where: Path | str) -> ResumeMismatchError | None:
+    """The error for resuming ``where`` (checkpoints made with ``saved``) with ``config``, or
+    None if they may go on together: keys that only drive the run and the stopping keys
+    (``optim.steps``: a finished run can be continued) may change."""
+    if not saved or not config:
+        return None
+    differences = config_differences(saved, config, ignore=DRIVING_KEYS + CONTINUATION_KEYS)
+    if not differences:
+        return None
+    return ResumeMismatchError(
+        f"{where} holds checkpoints of a different configuration: "
+        + "; ".join(differences[:8]) + (" …" if len(differences) > 8 else "")
+        + f". {RESUME_HINT}")
+
+
+def _check_config(saved: Mapping[str, Any] | None, config: Mapping[str, Any],
+                  store: CheckpointStore) -> None:
+    error = resume_mismatch(saved, config, store.directory)
+    if error is not None:
+        raise error
+
+
 def _check_compatible(restored: Any, config: Mapping[str, Any], fingerprint: str | None,
                       store: CheckpointStore) -> None:
-    hint = ("Use another run.name or run.dir for this run, or run.resume=false to discard "
-            "the checkpoints.")
-    if restored.config and config:
-        differences = config_differences(restored.config, config)
-        if differences:
-            raise ResumeMismatchError(
-                f"{store.directory} holds checkpoints of a different configuration: "
-                + "; ".join(differences[:8]) + (" …" if len(differences) > 8 else "")
-                + f". {hint}")
+    _check_config(restored.config, config, store)
     saved = restored.meta.get("data_fingerprint")
     if saved and fingerprint and saved != fingerprint:
         raise ResumeMismatchError(
             f"the data differ from those the checkpoints in {store.directory} were made "
-            f"with. {hint}")
+            f"with. {RESUME_HINT}")
 
 
 def _require_one_directory(directory: Path) -> None:
