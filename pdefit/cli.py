@@ -38,7 +38,7 @@ from .influence import format_ranking, rank_parameters, write_ranking
 from .initial_fields import evaluate_initial_fields, format_errors
 from .integrate import simulate
 from .progress import ProgressOptions
-from .rundir import plain_config, register_resolvers, simulated_dataset
+from .rundir import open_run_record, plain_config, register_resolvers, simulated_dataset
 from .signals import FIT_SIGNALS, PreemptionFlag, signal_name
 from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
@@ -164,6 +164,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     stop_if_signalled("during start-up")
     out = _output_dir(cfg)
     _refuse_mismatched_resume(cfg, out)  # before the run directory is touched
+    open_run_record(out, cfg)
     dataset = _dataset_for(cfg, out, dtype)
     stop_if_signalled("after the dataset was made")
     stages = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
@@ -405,6 +406,7 @@ def gradcheck(cfg: DictConfig) -> list[dict[str, float]]:
     """Taylor test of the configured problem's gradient at its starting point."""
     dtype = assemble.set_precision(cfg.precision)
     out = _output_dir(cfg)
+    open_run_record(out, cfg)
     setup = assemble.build_fit(cfg, _dataset_for(cfg, out, dtype), dtype)
     loss = jax.jit(setup.problem.loss)
     grad = jax.jit(jax.grad(setup.problem.loss))
@@ -439,6 +441,7 @@ def rank(cfg: DictConfig) -> list[dict[str, Any]]:
     experiment's seed) moves when each is multiplied by ``rank.factor``."""
     dtype = assemble.set_precision(cfg.precision)
     out = _output_dir(cfg)
+    open_run_record(out, cfg)
     system, grid = assemble.make_system(cfg.system), assemble.make_grid(cfg.system)
     params = assemble.system_params(system, cfg.system.params)
     assemble.check_dynamics(system, params, grid, cfg.system)

@@ -34,7 +34,7 @@ from . import assemble
 from .config import CONF_DIR, register_configs
 from .evaluate import lyapunov_exponent
 from .forecast import advance, rms_separation
-from .rundir import register_resolvers
+from .rundir import open_run_record, register_resolvers
 from .system import stepper
 
 register_configs()
@@ -190,6 +190,7 @@ def lyapunov_main(cfg: DictConfig) -> None:
     out = Path(cfg.run.dir) if cfg.get("run") and cfg.run.dir else Path(
         HydraConfig.get().runtime.output_dir)
     out.mkdir(parents=True, exist_ok=True)
+    open_run_record(out, cfg)
     (out / "lyapunov.json").write_text(json.dumps(result, indent=2))
     print(format_estimate(result))
     print(f"wrote {out / 'lyapunov.json'} ({result['wall_time_s']['total']:.1f} s)")

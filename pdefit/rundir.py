@@ -7,6 +7,12 @@ A fit's directory is ``run.dir`` if given, else Hydra's output directory, which
 line therefore always gives the same directory — no timestamps — and a fit that starts in a
 directory holding checkpoints resumes from them.
 
+A run directory's record — Hydra's ``.hydra/`` (config, hydra config, overrides) and the
+command's log ``<command>.log`` — is written by :func:`open_run_record` only once the command
+has decided to work in that directory (for a fit: after its resume check), never by Hydra at
+start-up: a refused resume or a signal during start-up must leave a run it finds untouched.
+Until then log records wait in :class:`DeferredRunLog`.
+
 Also here: the simulated dataset that the embedded default writes into its run directory is
 reused on resume (so a restart cannot silently fit different data), and the comparison of a
 checkpoint's config with the current one.
@@ -17,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import logging
+import logging.handlers
 import re
 import shutil
 import sys
@@ -185,3 +192,46 @@ def _simulation_config(path: Path) -> dict[str, Any] | None:
         return None
     config = (provenance or {}).get("config") or {}
     return {k: config.get(k) for k in SIMULATION_KEYS}
+
+
+# ---------------------------------------------------------------------------------------------
+# The run's record: Hydra's .hydra/ and the command's log, written once the run is accepted.
+
+
+class DeferredRunLog(logging.handlers.MemoryHandler):
+    """The job-logging handler of ``<run dir>/<command>.log`` (conf/hydra/job_logging): holds
+    the records until :func:`open_run_record` names the file, then writes them and every later
+    one there. A run that stops before (a refused resume, a signal during start-up) writes no
+    log into a directory it must not touch."""
+
+    def __init__(self, capacity: int = 100_000) -> None:
+        super().__init__(capacity, flushLevel=logging.CRITICAL + 1, target=None,
+                         flushOnClose=False)
+
+    def shouldFlush(self, record: logging.LogRecord) -> bool:  # noqa: N802 (logging's name)
+        return self.target is not None
+
+    def open(self, path: Path) -> None:
+        target = logging.FileHandler(path, mode="a", encoding="utf-8")
+        target.setFormatter(self.formatter)
+        self.setTarget(target)
+        self.flush()
+
+
+def open_run_record(out: Path, cfg: Any) -> None:
+    """Write the run's record into ``out``: ``.hydra/`` (config.yaml as composed,
+    hydra.yaml, overrides.yaml) and ``<command>.log``, which gets the records held so far.
+    Process 0 only (the run directory is shared); a no-op outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized() or jax.process_index() != 0:
+        return
+    hydra_cfg = HydraConfig.get()
+    record = out / ".hydra"
+    record.mkdir(parents=True, exist_ok=True)
+    (record / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (record / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": hydra_cfg}))
+    (record / "overrides.yaml").write_text(OmegaConf.to_yaml(list(hydra_cfg.overrides.task)))
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, DeferredRunLog) and handler.target is None:
+            handler.open(out / f"{command_name()}.log")

@@ -60,6 +60,16 @@ def test_fit_run_dir_owns_hydra_record_and_log_with_plain_progress(tmp_path):
     assert "[pdefit][INFO] - converged at step" in output
     assert "WARNING" not in output and "backend 'tpu'" not in output
 
+    # A resume refused for a changed config leaves the run it protects untouched: its record
+    # (.hydra/), its log and everything else.
+    before = {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()}
+    refused = command("pdefit-fit", *TINY, "adjoint=store_all", "fit.params=[k]",
+                      "optim.steps=12", "optim.grad_tol=0.1", "run.plots=false", "run.dir=rd",
+                      "simulate.seed=7", cwd=tmp_path)
+    assert refused.returncode != 0
+    assert "run.resume=false" in refused.stdout + refused.stderr
+    assert {p: p.read_bytes() for p in sorted(run.rglob("*")) if p.is_file()} == before
+
 
 def test_run_dir_is_hydra_output_directory():
     """run.dir names Hydra's output directory (so .hydra/ and the log go there), for one run
@@ -71,14 +81,15 @@ def test_run_dir_is_hydra_output_directory():
         with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
             cfg = compose(config_name="fit", overrides=list(overrides),
                           return_hydra_config=True)
-        log_file = cfg.hydra.job_logging.handlers.file._get_node("filename")._value()
-        return str(cfg.hydra.run.dir), str(cfg.hydra.sweep.dir), log_file
+        log_handler = cfg.hydra.job_logging.handlers.file["class"]
+        return str(cfg.hydra.run.dir), str(cfg.hydra.sweep.dir), log_handler
 
     assert hydra_dirs("run.dir=/data/my run")[:2] == ("/data/my run", "/data/my run")
     assert hydra_dirs("run.dir=rel/x", "optim.lr=0.1")[:2] == ("rel/x", "rel/x")
     assert hydra_dirs("run.name=a")[:2] == ("runs/fit/a", "runs/sweep/a")
     assert hydra_dirs()[:2] == ("runs/fit/default", "runs/sweep/default")
-    assert hydra_dirs()[2] == "${hydra.runtime.output_dir}/${pdefit.command:}.log"
+    # Hydra writes neither .hydra/ nor the log itself: pdefit does, once the run is accepted.
+    assert hydra_dirs()[2] == "pdefit.rundir.DeferredRunLog"
     assert rundir.command_name(["/venv/bin/pdefit-rank", "x=1"]) == "rank"
     assert rundir.command_name(["python"]) == "pdefit"
 

@@ -188,7 +188,7 @@ def test_lbfgs_stops_when_steps_no_longer_change_anything(tmp_path, caplog):
     near 1e-15 in about a dozen steps and then repeats the same step; it used to run all 200.
     It stops as "stalled", says why, and summary.json and status.json name the reason."""
     run_dir = tmp_path / "run"
-    with caplog.at_level("WARNING", logger="pdefit"):
+    with caplog.at_level("INFO", logger="pdefit"):
         summary = cli.fit(make_config(run_dir, "fit.params=[k,a]", "+fit.start.k=6.0",
                                       "optim.grad_tol=0"))
     assert summary["stop_reason"] == "stalled" and summary["optimizer_steps"] < 40
