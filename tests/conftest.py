@@ -13,6 +13,15 @@ import pytest
 jax.config.update("jax_enable_x64", True)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _restore_precision_after_module():
+    """Module-scoped fixtures may switch the precision too (set up before any test's own
+    restore): undo that once the module is done, so it cannot leak into later modules."""
+    before = jax.config.jax_enable_x64
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
 @pytest.fixture(autouse=True)
 def _restore_precision():
     before = jax.config.jax_enable_x64

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import os
 import random
 import signal
@@ -425,5 +426,6 @@ def test_sigkill_during_a_checkpoint_write_then_resume(tmp_path, reference_run):
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO)  # the fit's events (checkpoints, resumes) are INFO
     jax.config.update("jax_enable_x64", False)
     drive(json.loads(sys.argv[1]))
