@@ -109,7 +109,8 @@ def test_lyapunov_exponent_of_exponential_growth_with_saturation():
     separation = np.minimum(1e-8 * np.exp(rate * times), 1.0)
     fit = lyapunov_exponent(times, separation)
     assert fit["exponent"] == pytest.approx(rate, rel=1e-9)
-    assert 9.9 < fit["fit_start"] < 10.5 and fit["fit_end"] < np.log(0.1 / 1e-8) / rate + 0.3
+    # Fitted up to a tenth of the saturation level, not into the saturated tail.
+    assert fit["fit_end"] < np.log(0.1 / 1e-8) / rate + 0.3 and fit["r2"] > 0.999
     # Noise-level wobble on top changes the estimate only a little.
     noisy = separation * np.exp(0.01 * np.random.default_rng(0).standard_normal(times.size))
     assert lyapunov_exponent(times, noisy)["exponent"] == pytest.approx(rate, rel=0.01)
