@@ -239,9 +239,11 @@ def activation_time_error(truth: np.ndarray, model: np.ndarray, times: np.ndarra
 MIN_POINTS = 5  # frames in a fitted stretch
 MIN_GROWTH = float(np.log(10.0))  # a fitted stretch spans at least a tenfold growth
 MIN_R2 = 0.95  # and is that close to a straight line in log d
-# and its largest rises (the top JUMP_FRAMES of its frames) make at most MAX_JUMP of its growth
-JUMP_FRAMES = 0.1
-MAX_JUMP = 0.5
+# and, cut into JUMP_BLOCKS equal blocks, its largest rises (those of JUMP_SHARE of the
+# blocks) make at most MAX_JUMP of its growth
+JUMP_BLOCKS = 20
+JUMP_SHARE = 0.1
+MAX_JUMP = 0.25
 MAX_CANDIDATES = 5000  # stretches checked for jumps, largest growth first
 MAX_FIT_POINTS = 1500  # longer curves are thinned to this many frames for the search
 CEILING = 0.1  # separations above this × the saturation level are not fitted
@@ -255,12 +257,14 @@ def lyapunov_exponent(times: np.ndarray, separation: np.ndarray,
     Candidates are the stretches before d first passes ``CEILING`` × its saturation level
     (``saturation``, e.g. the separation of unrelated states; else the median of d's last
     fifth) of at least ``MIN_POINTS`` frames where log d grows by at least ``MIN_GROWTH``
-    (tenfold), fits a line with R² ≥ ``MIN_R2``, and does not grow by jumps: its largest rises
-    from one frame to the next, those of a tenth (``JUMP_FRAMES``) of its frames, make at most
-    half (``MAX_JUMP``) of its growth. Exponential growth rises alike in every frame; a model
-    with sharp thresholds separates by jumps (a cell crossing a threshold one step earlier),
-    and a line through a staircase of them fits its trend well. Of these stretches, the one
-    with the largest growth is fitted. ``exponent`` is None, with the ``reason``, when there is
+    (tenfold), fits a line with R² ≥ ``MIN_R2``, and does not grow by jumps: cut into
+    ``JUMP_BLOCKS`` (20) blocks of frames (single frames in shorter stretches), the largest
+    rises — those of a tenth of the blocks — make at most a quarter (``MAX_JUMP``) of its
+    growth. Exponential growth rises alike in every block (blocks, not frames, so that noise
+    from frame to frame does not count); a model with sharp thresholds separates by jumps (a
+    cell crossing a threshold one step earlier), and a line through a staircase of a few of
+    them fits its trend well. Of these stretches, the one with the largest growth is
+    fitted. ``exponent`` is None, with the ``reason``, when there is
     none."""
     times = np.asarray(times, dtype=np.float64)
     d = np.asarray(separation, dtype=np.float64)
@@ -298,11 +302,12 @@ def lyapunov_exponent(times: np.ndarray, separation: np.ndarray,
     linear = np.flatnonzero((slope > 0) & (r2 >= MIN_R2) & (growth >= MIN_GROWTH))
     if linear.size == 0:
         return {**none, "reason": "no stretch of tenfold exponential growth before saturation"}
-    rise = np.diff(y)
     pick = None
     for candidate in linear[np.argsort(-growth[linear])][:MAX_CANDIDATES]:
-        rises = np.sort(rise[a[candidate]:b[candidate]])
-        top = rises[-max(1, round(JUMP_FRAMES * rises.size)):]
+        first, last = a[candidate], b[candidate]
+        lag = max(1, (last - first) // JUMP_BLOCKS)
+        rises = np.sort(np.diff(y[first:last + 1:lag]))
+        top = rises[-max(1, round(JUMP_SHARE * rises.size)):]
         if top.sum() <= MAX_JUMP * growth[candidate]:
             pick = candidate
             break

@@ -331,12 +331,13 @@ def format_evaluation(result: Mapping[str, Any]) -> str:
         lyapunov += (f"; training window = {result['training_window_lyapunov_times']:.3g} "
                      "Lyapunov times")
     lines.append(lyapunov)
-    lines.append(f"truth active ({result['active_measure']}) on ≥ "
-                 f"{result['truth_active_fraction_min']:.1%} of the points at every frame"
-                 if result["truth_quiescent_from"] is None else
-                 f"warning: the truth is at rest ({result['active_measure']} on fewer than "
-                 f"{result['min_active_fraction']:.0%} of the points) from t = "
-                 f"{result['truth_quiescent_from']:g}{unit}")
+    if result["truth_quiescent_from"] is None:
+        lines.append(f"truth active ({result['active_measure']}) on ≥ "
+                     f"{result['truth_active_fraction_min']:.1%} of the points at every frame")
+    else:
+        lines.append(f"the truth is at rest ({result['active_measure']} on fewer than "
+                     f"{result['min_active_fraction']:.0%} of the points) from t = "
+                     f"{result['truth_quiescent_from']:g}{unit}")
     valid = (f"forecast valid for {result['valid_for']:g}{unit} (normalised MAE ≤ "
              f"{result['threshold']})")
     if lam is not None:
