@@ -153,6 +153,12 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, overrides)
     ev = cfg.evaluate
+    if int(ev.lyapunov_directions) < 1:
+        raise EvaluationError(f"evaluate.lyapunov_directions={ev.lyapunov_directions}: need "
+                              "at least one perturbation direction")
+    if not 0.0 <= float(ev.min_active_fraction) < 1.0:
+        raise EvaluationError(f"evaluate.min_active_fraction={ev.min_active_fraction}: need "
+                              "a fraction in [0, 1)")
     dtype = assemble.set_precision(cfg.precision)
     if cfg.data.path is not None:
         raise EvaluationError(
@@ -187,12 +193,6 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     if image not in compare:
         raise EvaluationError(f"evaluate.field={image!r} is not one of the compared fields "
                               f"{compare}")
-    if int(ev.lyapunov_directions) < 1:
-        raise EvaluationError(f"evaluate.lyapunov_directions={ev.lyapunov_directions}: need "
-                              "at least one perturbation direction")
-    if not 0.0 <= float(ev.min_active_fraction) < 1.0:
-        raise EvaluationError(f"evaluate.min_active_fraction={ev.min_active_fraction}: need "
-                              "a fraction in [0, 1)")
 
     # This experiment's truth and fit, per-experiment values (alignments) included.
     p_true = assemble.experiment_params(meta, p_true, index)

@@ -129,3 +129,8 @@ def test_evaluate_does_not_flag_a_truth_that_keeps_reentry(tmp_path):
     assert len(spiral["curves"]["separation"][0]) == 4  # one curve per direction
     stored = json.loads((run / "evaluation.json").read_text())
     assert stored["truth_quiescent_from"] is None and (run / "activity.png").stat().st_size > 0
+    from pdefit.forecast import EvaluationError
+
+    for key, value in (("lyapunov_directions", 0), ("min_active_fraction", 1.5)):
+        with pytest.raises(EvaluationError, match=f"evaluate.{key}={value}"):
+            evaluate_run(run, [f"evaluate.{key}={value}"], log=lambda _: None)
