@@ -264,8 +264,7 @@ def lyapunov_exponent(times: np.ndarray, separation: np.ndarray,
     from frame to frame does not count); a model with sharp thresholds separates by jumps (a
     cell crossing a threshold one step earlier), and a line through a staircase of a few of
     them fits its trend well. Of these stretches, the one with the largest growth is
-    fitted. ``exponent`` is None, with the ``reason``, when there is
-    none."""
+    fitted. ``exponent`` is None, with the ``reason``, when there is none."""
     times = np.asarray(times, dtype=np.float64)
     d = np.asarray(separation, dtype=np.float64)
     none = {"exponent": None, "fit_start": None, "fit_end": None, "r2": None, "growth": None}
