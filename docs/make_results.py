@@ -129,11 +129,18 @@ def forecast_lines(ev: dict[str, Any] | None, unit: str) -> list[str]:
                      f"{unit}); the training window is "
                      f"{ev['training_window_lyapunov_times']:.3g} Lyapunov times;")
     else:
-        lines.append("- Lyapunov exponent not determined (no exponential growth stretch);")
+        reason = ev.get("lyapunov_undetermined_reason") or "no exponential growth stretch"
+        lines.append(f"- Lyapunov exponent undetermined ({reason});")
     valid = (f"- forecast valid (normalised MAE ≤ {ev['threshold']}) for {ev['valid_for']:g} "
              f"{unit}")
     if lam is not None:
         valid += f" = {ev['valid_for_lyapunov_times']:.3g} Lyapunov times"
+    if ev.get("truth_quiescent_from") is not None:
+        valid += (f", but the truth is at rest ({ev['active_measure']} on fewer than "
+                  f"{ev['min_active_fraction']:.0%} of the tissue) from "
+                  f"{ev['truth_quiescent_from']:g} {unit}")
+        if ev["forecast_runs_into_rest"]:
+            valid += f": valid while active for {ev['valid_while_active']:g} {unit} only"
     lines.append(valid + ";")
     lines.append(f"- mean activation-time error {num(ev['activation_time_error_mean'])} {unit} "
                  f"({ev['activation_time_missed']} truth activations without a model one).")

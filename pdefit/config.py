@@ -218,7 +218,11 @@ class EvaluateConfig:
     # Upstroke level of that field for activation (peak) times; None: no activation metric.
     activation_level: float | None = 0.5
     maps_at: list[float] | None = None  # times of difference maps; None: 4 spread over horizon
-    lyapunov_perturbation: float = 1e-6  # size of the nearby trajectory's initial offset
+    lyapunov_perturbation: float = 1e-6  # size of the nearby trajectories' initial offset
+    lyapunov_directions: int = 4  # seeded random perturbation directions (twins) of the truth
+    # The truth is at rest once fewer than this share of its points is active (the system's
+    # `activity`, else still changing; pdefit/activity.py) to the horizon.
+    min_active_fraction: float = 0.05
 
 
 @dataclass

@@ -236,32 +236,165 @@ def activation_time_error(truth: np.ndarray, model: np.ndarray, times: np.ndarra
             "overall": float(error.mean()) if error.size else float("nan")}
 
 
-def lyapunov_exponent(times: np.ndarray, separation: np.ndarray) -> dict[str, float | None]:
+MIN_POINTS = 5  # frames in a fitted stretch
+MIN_GROWTH = float(np.log(10.0))  # a fitted stretch spans at least a tenfold growth
+MIN_R2 = 0.95  # and is that close to a straight line in log d
+# and, cut into JUMP_BLOCKS equal blocks, its largest rises (those of JUMP_SHARE of the
+# blocks) make at most MAX_JUMP of its growth
+JUMP_BLOCKS = 20
+JUMP_SHARE = 0.1
+MAX_JUMP = 0.25
+MAX_CANDIDATES = 5000  # stretches checked for jumps, largest growth first
+MAX_FIT_POINTS = 1500  # longer curves are thinned to this many frames for the search
+CEILING = 0.1  # separations above this × the saturation level are not fitted
+
+
+def lyapunov_exponent(times: np.ndarray, separation: np.ndarray,
+                      saturation: float | None = None) -> dict[str, Any]:
     """The maximal Lyapunov exponent from the separation d(t) of two nearby trajectories: the
-    least-squares slope of log d over the stretch where it grows exponentially — after it last
-    lies below 10× its initial size and before it first passes a tenth of its saturation level
-    (the median of its last fifth). None if that stretch has fewer than three points (the
-    horizon is too short or d never grows)."""
+    least-squares slope of log d over the stretch where d grows smoothly and exponentially.
+
+    Candidates are the stretches before d first passes ``CEILING`` × its saturation level
+    (``saturation``, e.g. the separation of unrelated states; else the median of d's last
+    fifth) of at least ``MIN_POINTS`` frames where log d grows by at least ``MIN_GROWTH``
+    (tenfold), fits a line with R² ≥ ``MIN_R2``, and does not grow by jumps: cut into
+    ``JUMP_BLOCKS`` (20) blocks of frames (single frames in shorter stretches), the largest
+    rises — those of a tenth of the blocks — make at most a quarter (``MAX_JUMP``) of its
+    growth. Exponential growth rises alike in every block (blocks, not frames, so that noise
+    from frame to frame does not count); a model with sharp thresholds separates by jumps (a
+    cell crossing a threshold one step earlier), and a line through a staircase of a few of
+    them fits its trend well. Of these stretches, the one with the largest growth is
+    fitted. ``exponent`` is None, with the ``reason``, when there is none."""
     times = np.asarray(times, dtype=np.float64)
     d = np.asarray(separation, dtype=np.float64)
+    none = {"exponent": None, "fit_start": None, "fit_end": None, "r2": None, "growth": None}
     ok = np.isfinite(d) & (d > 0)
-    if ok.sum() < 3:
-        return {"exponent": None, "fit_start": None, "fit_end": None}
-    tail = d[int(0.8 * d.size):]
-    saturation = float(np.median(tail[np.isfinite(tail)])) if np.isfinite(tail).any() else np.inf
-    low, high = 10.0 * d[0], 0.1 * saturation
-    # From the last time d is below the floor to the first time it passes the ceiling: early
-    # wobbles around the floor and the saturated tail are left out.
-    above = np.flatnonzero(ok & (d > high))
+    if ok.sum() < MIN_POINTS:
+        return {**none, "reason": "fewer than five frames with a finite, nonzero separation"}
+    if saturation is None:
+        tail = d[int(0.8 * d.size):]
+        tail = tail[np.isfinite(tail)]
+        saturation = float(np.median(tail)) if tail.size else np.inf
+    above = np.flatnonzero(ok & (d > CEILING * saturation))
     end = int(above[0]) if above.size else d.size
-    below = np.flatnonzero(~ok[:end] | (d[:end] < low))
-    start = int(below[-1]) + 1 if below.size else 0
-    index = np.arange(start, end)[ok[start:end]]
-    if index.size < 3:
-        return {"exponent": None, "fit_start": None, "fit_end": None}
-    slope = np.polyfit(times[index], np.log(d[index]), 1)[0]
-    return {"exponent": float(slope), "fit_start": float(times[index[0]]),
-            "fit_end": float(times[index[-1]])}
+    index = np.arange(end)[ok[:end]]
+    if index.size > MAX_FIT_POINTS:
+        index = index[np.linspace(0, index.size - 1, MAX_FIT_POINTS).round().astype(int)]
+    if index.size < MIN_POINTS:
+        return {**none, "reason": "the separation saturates before it can be fitted"}
+    t, y = times[index], np.log(d[index])
+    # Least squares of every stretch [a, b] at once, from prefix sums.
+    def prefix(x):
+        return np.concatenate([[0.0], np.cumsum(x)])
+    s1, st, sy, stt, syy, sty = (prefix(np.ones_like(t)), prefix(t), prefix(y), prefix(t * t),
+                                 prefix(y * y), prefix(t * y))
+    a, b = np.triu_indices(t.size, MIN_POINTS - 1)
+    n = s1[b + 1] - s1[a]
+    mt, my = (st[b + 1] - st[a]) / n, (sy[b + 1] - sy[a]) / n
+    ctt = (stt[b + 1] - stt[a]) / n - mt * mt
+    cyy = (syy[b + 1] - syy[a]) / n - my * my
+    cty = (sty[b + 1] - sty[a]) / n - mt * my
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = cty / ctt
+        r2 = cty * cty / (ctt * cyy)
+    growth = slope * (t[b] - t[a])
+    linear = np.flatnonzero((slope > 0) & (r2 >= MIN_R2) & (growth >= MIN_GROWTH))
+    if linear.size == 0:
+        return {**none, "reason": "no stretch of tenfold exponential growth before saturation"}
+    pick = None
+    for candidate in linear[np.argsort(-growth[linear])][:MAX_CANDIDATES]:
+        first, last = a[candidate], b[candidate]
+        lag = max(1, (last - first) // JUMP_BLOCKS)
+        rises = np.sort(np.diff(y[first:last + 1:lag]))
+        top = rises[-max(1, round(JUMP_SHARE * rises.size)):]
+        if top.sum() <= MAX_JUMP * growth[candidate]:
+            pick = candidate
+            break
+    if pick is None:
+        return {**none, "reason": "the separation grows by jumps (threshold crossings), "
+                                  "not smoothly"}
+    return {"exponent": float(slope[pick]), "fit_start": float(t[a[pick]]),
+            "fit_end": float(t[b[pick]]), "r2": float(r2[pick]), "growth": float(growth[pick]),
+            "reason": None}
+
+
+MAX_SPREAD = 0.25  # directions whose exponents differ by more than this leave λ undetermined
+
+
+def lyapunov_estimate(times: np.ndarray, separations: np.ndarray,
+                      saturation: float | None = None, max_spread: float = MAX_SPREAD,
+                      ) -> dict[str, Any]:
+    """The maximal Lyapunov exponent from several twins: ``separations`` is (n_frames,
+    n_directions), each column the separation of one perturbation direction from the truth,
+    fitted by :func:`lyapunov_exponent`. ``exponent`` is the median over the directions and
+    ``spread`` (max − min) / median; the exponent is None ("undetermined", with the
+    ``reason``) unless most directions grow smoothly and their exponents differ by at most
+    ``max_spread``. ``lyapunov_time`` is 1/λ with its range."""
+    d = np.asarray(separations, dtype=np.float64)
+    d = d[:, None] if d.ndim == 1 else d
+    fits = [lyapunov_exponent(times, d[:, i], saturation) for i in range(d.shape[1])]
+    rates = np.array([f["exponent"] for f in fits if f["exponent"] is not None])
+    result: dict[str, Any] = {
+        "exponent": None, "exponent_min": None, "exponent_max": None, "spread": None,
+        "lyapunov_time": None, "lyapunov_time_min": None, "lyapunov_time_max": None,
+        "fit_start": None, "fit_end": None, "directions": fits, "reason": None}
+    if 2 * rates.size <= d.shape[1]:
+        reasons = sorted({f["reason"] for f in fits if f["reason"]})
+        result["reason"] = (f"only {rates.size} of {d.shape[1]} perturbation directions grow "
+                            f"smoothly ({'; '.join(reasons)})")
+        return result
+    median = float(np.median(rates))
+    spread = float((rates.max() - rates.min()) / abs(median))
+    result.update(exponent_min=float(rates.min()), exponent_max=float(rates.max()),
+                  spread=spread,
+                  fit_start=float(np.median([f["fit_start"] for f in fits if f["exponent"]])),
+                  fit_end=float(np.median([f["fit_end"] for f in fits if f["exponent"]])))
+    if spread > max_spread:
+        result["reason"] = (f"the perturbation directions disagree: λ from {rates.min():.4g} "
+                            f"to {rates.max():.4g} (spread {spread:.0%} > {max_spread:.0%})")
+        return result
+    result["exponent"] = median
+    if rates.min() > 0:
+        result.update(lyapunov_time=1.0 / median, lyapunov_time_min=1.0 / rates.max(),
+                      lyapunov_time_max=1.0 / rates.min())
+    return result
+
+
+def format_lyapunov(fit: Mapping[str, Any], unit: str = "") -> str:
+    """One line on :func:`lyapunov_estimate`'s result: λ with its range over the directions
+    and the Lyapunov time, or "undetermined" and why."""
+    if fit["exponent"] is None:
+        return f"maximal Lyapunov exponent: undetermined ({fit['reason']})"
+    n = sum(d["exponent"] is not None for d in fit["directions"])
+    return (f"maximal Lyapunov exponent {fit['exponent']:.4g} per time unit (range "
+            f"{fit['exponent_min']:.4g}–{fit['exponent_max']:.4g} over {n} of "
+            f"{len(fit['directions'])} directions, spread {fit['spread']:.0%}); Lyapunov time "
+            f"{fit['lyapunov_time']:.4g}{unit} ({fit['lyapunov_time_min']:.4g}–"
+            f"{fit['lyapunov_time_max']:.4g})")
+
+
+def plot_activity(times: np.ndarray, fraction: np.ndarray, minimum: float,
+                  rest_from: float | None, train_end: float, ylabel: str, path: Path,
+                  xlabel: str = "time") -> None:
+    """The truth's active fraction over time, with the rest threshold, the onset of rest and
+    the end of the training window marked."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 3), layout="constrained")
+    ax.plot(times, 100.0 * np.asarray(fraction), label="truth")
+    ax.axhline(100.0 * minimum, color="tab:red", ls=":", lw=1, label="at-rest threshold")
+    if rest_from is not None:
+        ax.axvline(rest_from, color="tab:red", lw=1, label="truth at rest from here")
+    ax.axvline(train_end, color="k", ls="--", lw=1, label="end of training window")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(f"{ylabel} [%]", fontsize=8)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def plot_forecast(times: np.ndarray, curves: Mapping[str, np.ndarray], train_end: float,

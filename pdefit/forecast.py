@@ -2,10 +2,13 @@
 
 The fitted model (recovered parameters, fitted initial fields) and the truth (the simulation
 that made the data, re-run without noise) are advanced side by side from the start of the
-training window, together with a copy of the truth offset by a tiny perturbation, whose
-separation from the truth gives the maximal Lyapunov exponent. All three run in one jitted scan
-that keeps, per frame, only the error statistics and one field's images, so a forecast of
-thousands of frames fits in memory. Metrics and plots are in :mod:`pdefit.evaluate`.
+training window, together with copies of the truth offset by tiny perturbations in several
+seeded random directions, whose separations from the truth give the maximal Lyapunov exponent
+and its spread (:func:`pdefit.evaluate.lyapunov_estimate`). All run in one jitted scan (the
+twins vmapped) that keeps, per frame, only the error statistics, the truth's active fraction
+(:mod:`pdefit.activity`) and one field's images, so a forecast of thousands of frames fits in
+memory. A validity that runs into resting truth is reported as such (``valid_while_active``,
+``truth_quiescent_from``). Metrics and plots are in :mod:`pdefit.evaluate`.
 """
 
 from __future__ import annotations
@@ -24,12 +27,15 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from . import assemble
+from .activity import activity_measure, quiescent_from
 from .config import FitConfig
 from .evaluate import (
     activation_time_error,
     error_summary,
+    format_lyapunov,
     format_percent,
-    lyapunov_exponent,
+    lyapunov_estimate,
+    plot_activity,
     plot_fields,
     plot_forecast,
     plot_traces,
@@ -59,34 +65,59 @@ def advance(step: Callable, state, params, t0, dt, n_steps: int):
     return jax.lax.fori_loop(0, n_steps, body, state)
 
 
+def perturbed_twins(state: Mapping[str, Any], field: str, size: float, n: int, dtype: Any,
+                    seed: int = 12345) -> dict[str, jnp.ndarray]:
+    """``n`` copies of ``state`` (stacked on a leading axis) whose ``field`` is offset by
+    ``size`` × a seeded N(0, 1) field each: the perturbation directions of a Lyapunov
+    estimate."""
+    rng = np.random.default_rng(seed)
+    shape = np.shape(state[field])
+    twins = {f: jnp.broadcast_to(v, (n, *np.shape(v))) for f, v in state.items()}
+    return {**twins, field: twins[field] + jnp.asarray(
+        size * rng.standard_normal((n, *shape)), dtype)}
+
+
+def unrelated_separation(state: Mapping[str, Any]) -> float:
+    """The RMS separation of two unrelated states with this one's statistics: √2 × the RMS of
+    each field's deviation from its mean, averaged over the fields like the separation."""
+    return float(np.sqrt(2.0 * np.mean([np.var(np.asarray(v, np.float64))
+                                        for v in state.values()])))
+
+
 def forecast_rollout(truth_step: Callable, model_step: Callable, k_truth: int, k_model: int,
-                     n_frames: int, compare: Sequence[str], image: str) -> Callable:
-    """A jitted ``run(truth, model, twin, p_truth, p_model, t_truth, t_model, dt_truth,
+                     n_frames: int, compare: Sequence[str], image: str,
+                     activity: Callable) -> Callable:
+    """A jitted ``run(truth, model, twins, p_truth, p_model, t_truth, t_model, dt_truth,
     dt_model)`` giving, at ``n_frames`` frames ``k_truth`` truth steps (``k_model`` model steps)
     apart: the MAE of each compared field, the truth's min/max of them, the RMS separation of
-    the twin from the truth over all its fields, and the ``image`` field of truth and model."""
+    each twin (``twins`` stacked on a leading axis, advanced together by vmap) from the truth
+    over all its fields, the truth's ``activity(state, next_state)`` and the ``image`` field
+    of truth and model."""
     compare = tuple(compare)
 
     @jax.jit
-    def run(truth, model, twin, p_truth, p_model, t_truth, t_model, dt_truth, dt_model):
+    def run(truth, model, twins, p_truth, p_model, t_truth, t_model, dt_truth, dt_model):
         def frame(carry, j):
-            truth, model, twin = carry
+            truth, model, twins = carry
+            t_t = t_truth + j * k_truth * dt_truth
+            t_m = t_model + j * k_model * dt_model
+            next_truth = advance(truth_step, truth, p_truth, t_t, dt_truth, k_truth)
             out = {
                 "mae": jnp.stack([jnp.mean(jnp.abs(model[f] - truth[f])) for f in compare]),
                 "low": jnp.stack([jnp.min(truth[f]) for f in compare]),
                 "high": jnp.stack([jnp.max(truth[f]) for f in compare]),
-                "separation": rms_separation(truth, twin),
+                "separation": jax.vmap(lambda twin: rms_separation(truth, twin))(twins),
+                "active": activity(truth, next_truth),
                 "truth_image": truth[image],
                 "model_image": model[image],
             }
-            t_t = t_truth + j * k_truth * dt_truth
-            t_m = t_model + j * k_model * dt_model
-            carry = (advance(truth_step, truth, p_truth, t_t, dt_truth, k_truth),
+            carry = (next_truth,
                      advance(model_step, model, p_model, t_m, dt_model, k_model),
-                     advance(truth_step, twin, p_truth, t_t, dt_truth, k_truth))
+                     jax.vmap(lambda twin: advance(truth_step, twin, p_truth, t_t, dt_truth,
+                                                   k_truth))(twins))
             return carry, out
 
-        return jax.lax.scan(frame, (truth, model, twin), jnp.arange(n_frames))[1]
+        return jax.lax.scan(frame, (truth, model, twins), jnp.arange(n_frames))[1]
 
     return run
 
@@ -133,6 +164,12 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, overrides)
     ev = cfg.evaluate
+    if int(ev.lyapunov_directions) < 1:
+        raise EvaluationError(f"evaluate.lyapunov_directions={ev.lyapunov_directions}: need "
+                              "at least one perturbation direction")
+    if not 0.0 <= float(ev.min_active_fraction) < 1.0:
+        raise EvaluationError(f"evaluate.min_active_fraction={ev.min_active_fraction}: need "
+                              "a fraction in [0, 1)")
     dtype = assemble.set_precision(cfg.precision)
     if cfg.data.path is not None:
         raise EvaluationError(
@@ -177,17 +214,18 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     start_steps = round(t_first / float(truth_cfg.dt))
     x_truth = jax.jit(advance, static_argnums=(0, 5))(
         truth_step, x_truth, p_truth, 0.0, float(truth_cfg.dt), start_steps)
-    rng = np.random.default_rng(12345)
-    twin = {**x_truth, image: x_truth[image] + jnp.asarray(
-        ev.lyapunov_perturbation * rng.standard_normal(grid.shape), dtype)}
+    twins = perturbed_twins(x_truth, image, float(ev.lyapunov_perturbation),
+                            int(ev.lyapunov_directions), dtype)
+    activity, active_means = activity_measure(truth_system, image, x_truth)
     x_model = jax.tree.map(lambda a: a[experiment], problem.initial_state(theta, setup.batch))
     p_model = problem.experiment_params(theta, experiment)
 
     log(f"forecast {n_frames} frames every {interval} from t = {t_first} ({horizon} in all): "
-        f"{truth_system.name} truth and twin, {problem.system.name} model")
+        f"{truth_system.name} truth and {ev.lyapunov_directions} perturbed twins, "
+        f"{problem.system.name} model")
     run = forecast_rollout(truth_step, stepper(problem.system, problem.grid, problem.integrator),
-                           k_truth, k_model, n_frames, compare, image)
-    out = jax.device_get(run(x_truth, x_model, twin, p_truth, p_model, t_first,
+                           k_truth, k_model, n_frames, compare, image, activity)
+    out = jax.device_get(run(x_truth, x_model, twins, p_truth, p_model, t_first,
                              problem.t0, float(truth_cfg.dt), problem.dt))
     times = t_first + interval * np.arange(n_frames)
 
@@ -197,8 +235,19 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     valid = validity_horizon(times, normalised, ev.threshold)
     activation = (None if ev.activation_level is None else activation_time_error(
         out["truth_image"], out["model_image"], times, ev.activation_level))
-    lyapunov = lyapunov_exponent(times - t_first, np.asarray(out["separation"]))
+    separation = np.asarray(out["separation"], dtype=np.float64)  # (n_frames, directions)
+    lyapunov = lyapunov_estimate(times - t_first, separation, unrelated_separation(x_truth))
     exponent = lyapunov["exponent"]
+    active = np.asarray(out["active"], dtype=np.float64)
+    at_rest = quiescent_from(times, active, float(ev.min_active_fraction))
+    # A forecast that stays valid into resting truth is no evidence beyond the rest's onset.
+    into_rest = at_rest is not None and t_first + valid > at_rest
+    valid_active = valid if at_rest is None else max(0.0, min(valid, at_rest - t_first))
+    if at_rest is not None:
+        log(f"warning: the truth is at rest ({active_means} on fewer than "
+            f"{ev.min_active_fraction:.0%} of the points) from t = {at_rest:g}"
+            + (f"; the forecast's validity ({valid:g}) runs into it and counts only "
+               f"{valid_active:g}" if into_rest else ""))
 
     summary_path = run_dir / "summary.json"
     fit_summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
@@ -211,10 +260,16 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
         "training_window": [t_first, t_last], "frame_interval": interval,
         "time_unit": meta.time_unit,
         "horizon": horizon, "threshold": ev.threshold, "compared_fields": compare,
-        "valid_for": valid,
+        "valid_for": valid, "valid_while_active": valid_active,
+        "forecast_runs_into_rest": into_rest, "truth_quiescent_from": at_rest,
+        "active_measure": active_means, "min_active_fraction": float(ev.min_active_fraction),
+        "truth_active_fraction_min": float(active.min()),
         "lyapunov_exponent": exponent, "lyapunov_fit": lyapunov,
+        "lyapunov_undetermined_reason": lyapunov["reason"] if exponent is None else None,
         "training_window_lyapunov_times": None if exponent is None else window * exponent,
         "valid_for_lyapunov_times": None if exponent is None else valid * exponent,
+        "valid_while_active_lyapunov_times": (None if exponent is None
+                                              else valid_active * exponent),
         "image_field": image,
         "activation_time_error_mean": None if activation is None else activation["overall"],
         "activation_time_missed": None if activation is None else activation["missed"],
@@ -225,7 +280,8 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
             "normalised_mae": normalised.tolist(),
             "time_lyapunov": None if exponent is None else (
                 (times - t_first) * exponent).tolist(),
-            "separation": np.asarray(out["separation"], dtype=np.float64).tolist(),
+            "separation": separation.tolist(),
+            "truth_active_fraction": active.tolist(),
             "activation_bin_centres": None if activation is None else activation[
                 "bin_centres"].tolist(),
             "activation_error": None if activation is None else [
@@ -252,8 +308,12 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
         plot_forecast(activation["bin_centres"], {"mean |Δ activation time|": activation[
             "mean_error"]}, t_last, run_dir / "activation_error.png",
             ylabel=unit_label("activation-time error", meta.time_unit), xlabel=time_axis)
-    plot_forecast(times, {"|twin − truth| (RMS)": np.asarray(out["separation"])}, t_last,
-                  run_dir / "separation.png", ylabel="separation", xlabel=time_axis)
+    plot_forecast(times, {f"twin {i + 1}": separation[:, i] for i in range(
+        separation.shape[1])}, t_last, run_dir / "separation.png",
+        ylabel="|twin − truth| (RMS over the grid)", xlabel=time_axis)
+    plot_activity(times, active, float(ev.min_active_fraction), at_rest, t_last,
+                  f"active fraction of the truth ({active_means})", run_dir / "activity.png",
+                  xlabel=time_axis)
     plot_traces(times, truth_images[:, centre[0], centre[1]],
                 model_images[:, centre[0], centre[1]], t_last,
                 unit_label(f"{image} at the centre pixel", image_unit),
@@ -277,16 +337,26 @@ def format_evaluation(result: Mapping[str, Any]) -> str:
              f"{unit}, forecast over {result['horizon']:g}{unit} (frames every "
              f"{result['frame_interval']:g})"]
     lam = result["lyapunov_exponent"]
-    if lam is None:
-        lines.append("Lyapunov exponent: not determined (horizon too short for growth)")
+    lyapunov = format_lyapunov(result["lyapunov_fit"], unit)
+    if lam is not None:
+        lyapunov += (f"; training window = {result['training_window_lyapunov_times']:.3g} "
+                     "Lyapunov times")
+    lines.append(lyapunov)
+    if result["truth_quiescent_from"] is None:
+        lines.append(f"truth active ({result['active_measure']}) on ≥ "
+                     f"{result['truth_active_fraction_min']:.1%} of the points at every frame")
     else:
-        lines.append(f"maximal Lyapunov exponent {lam:.4g} per time unit (Lyapunov time "
-                     f"{1 / lam:.4g}); training window = "
-                     f"{result['training_window_lyapunov_times']:.3g} Lyapunov times")
+        lines.append(f"the truth is at rest ({result['active_measure']} on fewer than "
+                     f"{result['min_active_fraction']:.0%} of the points) from t = "
+                     f"{result['truth_quiescent_from']:g}{unit}")
     valid = (f"forecast valid for {result['valid_for']:g}{unit} (normalised MAE ≤ "
              f"{result['threshold']})")
     if lam is not None:
         valid += f" = {result['valid_for_lyapunov_times']:.3g} Lyapunov times"
+    if result["forecast_runs_into_rest"]:
+        valid = (f"forecast valid until t = {result['training_window'][0] + result['valid_for']:g}"
+                 f"{unit}, but the truth is at rest from t = {result['truth_quiescent_from']:g}"
+                 f"{unit}: valid while active for {result['valid_while_active']:g}{unit} only")
     lines.append(valid)
     if result["activation_time_error_mean"] is not None:
         lines.append(f"mean activation-time error {result['activation_time_error_mean']:.4g}"
@@ -305,14 +375,18 @@ EVALUATE_HELP = """\
 usage: pdefit-evaluate RUN_DIR [evaluate.<key>=<value> ...] [precision=float64]
 
 Forecast a finished fit (RUN_DIR of pdefit-fit) past its training window against the truth:
-re-simulates the data's system and runs the fitted model and a twin of the truth perturbed by
-evaluate.lyapunov_perturbation in one jitted scan. Prints how long the forecast stays valid
-(normalised MAE below evaluate.threshold), the Lyapunov exponent of the truth and the
-activation-time error; writes RUN_DIR/evaluation.json and plots (forecast_mae.png,
-centre_trace.png, difference_maps.png, separation.png, activation_error.png).
+re-simulates the data's system and runs the fitted model and evaluate.lyapunov_directions
+twins of the truth perturbed by evaluate.lyapunov_perturbation in one jitted scan. Prints how
+long the forecast stays valid (normalised MAE below evaluate.threshold), the truth's active
+fraction and whether it comes to rest (a validity that runs into resting truth is reported
+as such), the Lyapunov exponent of the truth with its spread over the directions (or
+"undetermined" and why) and the activation-time error; writes RUN_DIR/evaluation.json and
+plots (forecast_mae.png, centre_trace.png, difference_maps.png, separation.png, activity.png,
+activation_error.png).
 
 keys: horizon (default 4 x the training window), frame_interval, threshold (0.05), field,
-activation_level, maps_at, lyapunov_perturbation (pdefit/config.py EvaluateConfig)
+activation_level, maps_at, lyapunov_perturbation, lyapunov_directions (4),
+min_active_fraction (0.05) (pdefit/config.py EvaluateConfig)
 
 example:
   pdefit-fit experiment=bocf_recovery run.name=bocf

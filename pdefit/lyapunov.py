@@ -2,13 +2,15 @@
 training window and a forecast horizon before fitting.
 
 The system that makes the data (``system``, or ``simulate.system`` for a surrogate fit) is run
-from the first experiment's seeded initial state (``simulate.seed``) together with a twin whose
-``evaluate.field`` (else the first observed field) is offset by ``evaluate.lyapunov_perturbation``
-× N(0, 1) per cell — the same twin ``pdefit-evaluate`` runs. The RMS separation over all fields
-is recorded every ``evaluate.frame_interval`` (else the dataset's frame interval) until it has
+from the first experiment's seeded initial state (``simulate.seed``) together with
+``evaluate.lyapunov_directions`` twins whose ``evaluate.field`` (else the first observed field)
+is offset by ``evaluate.lyapunov_perturbation`` × a seeded N(0, 1) field each — the same twins
+``pdefit-evaluate`` runs. The RMS separations over all fields are recorded every
+``evaluate.frame_interval`` (else the dataset's frame interval) until their median has
 saturated (reached ``SATURATION`` of the separation of two unrelated states, then run on for a
-quarter of the time taken), and :func:`pdefit.evaluate.lyapunov_exponent` fits its exponential
-growth. Printed: λ, the Lyapunov time 1/λ, and how many frames of the configured
+quarter of the time taken), and :func:`pdefit.evaluate.lyapunov_estimate` fits each one's
+smooth exponential growth and reports the median, the spread, or "undetermined" and why.
+Printed: λ, the Lyapunov time 1/λ, and how many frames of the configured
 ``simulate.steps_per_frame × system.dt`` spacing span ``WINDOW`` (0.35) Lyapunov times; the
 numbers and the separation curve go to ``lyapunov.json`` in the run directory.
 
@@ -32,8 +34,8 @@ from omegaconf import DictConfig
 
 from . import assemble
 from .config import CONF_DIR, register_configs
-from .evaluate import lyapunov_exponent
-from .forecast import advance, rms_separation
+from .evaluate import format_lyapunov, lyapunov_estimate
+from .forecast import advance, perturbed_twins, rms_separation, unrelated_separation
 from .rundir import open_run_record, register_resolvers
 from .system import stepper
 
@@ -47,8 +49,9 @@ MAX_WINDOWS = 200  # give up after this many configured simulation windows
 
 
 def separation_rollout(step, k: int, n_frames: int):
-    """A jitted ``run(a, b, params, t, dt)`` advancing both states ``n_frames`` × ``k`` steps;
-    returns the end states and the RMS separation over all fields after each frame."""
+    """A jitted ``run(a, b, params, t, dt)`` advancing the state ``a`` and the twins ``b``
+    (stacked on a leading axis) ``n_frames`` × ``k`` steps; returns the end states and the RMS
+    separation over all fields of each twin from ``a`` after each frame (n_frames, twins)."""
 
     @jax.jit
     def run(a, b, params, t, dt):
@@ -56,21 +59,14 @@ def separation_rollout(step, k: int, n_frames: int):
             a, b = carry
             t_start = t + j * k * dt
             a, b = (advance(step, a, params, t_start, dt, k),
-                    advance(step, b, params, t_start, dt, k))
-            d = rms_separation(a, b)
+                    jax.vmap(lambda twin: advance(step, twin, params, t_start, dt, k))(b))
+            d = jax.vmap(lambda twin: rms_separation(a, twin))(b)
             return (a, b), d
 
         (a, b), d = jax.lax.scan(frame, (a, b), jnp.arange(n_frames))
         return a, b, d
 
     return run
-
-
-def unrelated_separation(state: dict[str, Any]) -> float:
-    """The RMS separation of two unrelated states with this one's statistics: √2 × the RMS of
-    each field's deviation from its mean, averaged over the fields like the separation."""
-    return float(np.sqrt(2.0 * np.mean([np.var(np.asarray(v, np.float64))
-                                        for v in state.values()])))
 
 
 def estimate(cfg: DictConfig) -> dict[str, Any]:
@@ -100,15 +96,17 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
                                    system.initial_state(grid, params,
                                                         int(cfg.simulate.seed)).items()})
     init_wall = time.perf_counter() - t_init
-    rng = np.random.default_rng(12345)
-    twin = {**state, field: state[field] + jnp.asarray(
-        cfg.evaluate.lyapunov_perturbation * rng.standard_normal(grid.shape), dtype)}
-    saturated = SATURATION * unrelated_separation(state)
+    directions = int(cfg.evaluate.lyapunov_directions)
+    if directions < 1:
+        raise assemble.ConfigError(f"evaluate.lyapunov_directions={directions}: need at least "
+                                   "one perturbation direction")
+    twin = perturbed_twins(state, field, float(cfg.evaluate.lyapunov_perturbation), directions,
+                           dtype)
+    unrelated = unrelated_separation(state)
+    saturated = SATURATION * unrelated
     run = separation_rollout(stepper(system, grid, sys_cfg.integrator), k, CHUNK)
     max_frames = MAX_WINDOWS * max(int(cfg.simulate.n_frames) - 1, 1) * steps_per_frame // k
-    d0 = float(np.sqrt(np.mean([np.mean((np.asarray(twin[f]) - np.asarray(state[f])) ** 2)
-                                for f in state])))
-    separation = [d0]
+    separation = [np.asarray(jax.vmap(lambda b: rms_separation(state, b))(twin)).tolist()]
     reached = None
     t_roll = time.perf_counter()
     while len(separation) - 1 < max_frames:
@@ -119,19 +117,21 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
         if not np.all(np.isfinite(d)):
             raise FloatingPointError(f"the simulation blew up after {len(separation) - 1} "
                                      f"frames; check system.dt")
-        if reached is None and np.any(d >= saturated):
-            reached = done + 1 + int(np.argmax(d >= saturated))
+        typical = np.median(d, axis=1)
+        if reached is None and np.any(typical >= saturated):
+            reached = done + 1 + int(np.argmax(typical >= saturated))
         if reached is not None and len(separation) - 1 >= math.ceil(1.25 * reached):
             break
     roll_wall = time.perf_counter() - t_roll
     times = interval * np.arange(len(separation))
-    fit = lyapunov_exponent(times, np.asarray(separation))
+    fit = lyapunov_estimate(times, np.asarray(separation), unrelated)
     lam = fit["exponent"]
     result: dict[str, Any] = {
         "system": system.name, "grid": list(grid.shape), "params": {
             n: float(v) for n, v in params.items() if np.ndim(v) == 0},
         "dt": dt, "frame_interval": interval, "data_frame_interval": data_interval,
         "perturbed_field": field, "perturbation": float(cfg.evaluate.lyapunov_perturbation),
+        "directions": directions,
         "saturated": reached is not None, "lyapunov_exponent": lam, "lyapunov_fit": fit,
         "lyapunov_time": None, "window_lyapunov_times": WINDOW, "window": None,
         "window_frames": None, "window_steps": None,
@@ -151,20 +151,21 @@ def estimate(cfg: DictConfig) -> dict[str, Any]:
 
 
 def format_estimate(r: dict[str, Any]) -> str:
-    lines = [f"{r['system']} on {r['grid']}, dt = {r['dt']:g}: separation of a twin "
-             f"({r['perturbed_field']} + {r['perturbation']:g}·N(0,1)) over "
+    lines = [f"{r['system']} on {r['grid']}, dt = {r['dt']:g}: separation of "
+             f"{r['directions']} twins ({r['perturbed_field']} + {r['perturbation']:g}·N(0,1)) "
+             "over "
              f"{r['times'][-1]:.4g} time units ({len(r['times']) - 1} frames of "
              f"{r['frame_interval']:g})"]
     if not r["saturated"]:
         lines.append("warning: the separation did not saturate; the estimate may be poor")
     lam = r["lyapunov_exponent"]
-    if lam is None or lam <= 0:
-        lines.append("maximal Lyapunov exponent: not determined (no exponential growth)")
-        return "\n".join(lines)
     fit = r["lyapunov_fit"]
+    lines.append(format_lyapunov(fit))
+    if lam is None or lam <= 0:
+        return "\n".join(lines)
     lines += [
-        f"maximal Lyapunov exponent λ = {lam:.5g} per time unit (fitted over t = "
-        f"{fit['fit_start']:.4g} … {fit['fit_end']:.4g})",
+        f"fitted over t = {fit['fit_start']:.4g} … {fit['fit_end']:.4g} (median over the "
+        "directions)",
         f"Lyapunov time 1/λ = {r['lyapunov_time']:.5g} = "
         f"{r['lyapunov_time'] / r['dt']:.1f} steps of dt",
         f"{r['window_lyapunov_times']} Lyapunov times = {r['window_frames']} frames "

@@ -21,6 +21,9 @@ closed over by jitted functions. It provides:
   system-specific evaluation of a finished fit against the dataset's truths (numbers for
   ``summary.json``, a printed report, plots in ``out``), returning a :class:`SystemEvaluation`
   or None when it has nothing to say about this fit.
+- optionally ``activity = (field, level)``: a point is active where ``field`` > ``level``
+  (e.g. excited tissue), for the evaluator's active fraction and its at-rest flag (without
+  it, a point is active while it still changes; see :mod:`pdefit.activity`);
 - optionally, labels for datasets and plots (all default sensibly): ``time_unit`` and
   ``space_unit`` (CF-style unit strings, "1" for dimensionless), ``field_info`` (field or
   observable name → (units, long name)), ``axis_names`` (the grid's two dimension names,

@@ -44,6 +44,8 @@ class AlievPanfilov:
     name: ClassVar[str] = "aliev_panfilov"
     fields: ClassVar[tuple[str, ...]] = ("u", "v")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
+    # Excited tissue, for the evaluator's active fraction (pdefit/activity.py).
+    activity: ClassVar[tuple[str, float]] = ("u", 0.5)
     # Dimensionless model units (1 time unit ≈ 12.9 ms in the common mapping).
     time_unit: ClassVar[str] = "AP time units"
     space_unit: ClassVar[str] = "AP space units"

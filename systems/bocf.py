@@ -193,6 +193,8 @@ class BOCF:
     fields: ClassVar[tuple[str, ...]] = ("u", "v", "w", "s")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
     rest: ClassVar[dict[str, float]] = {"u": 0.0, "v": 1.0, "w": 1.0, "s": 0.0}
+    # Excited tissue, for the evaluator's active fraction (pdefit/activity.py).
+    activity: ClassVar[tuple[str, float]] = ("u", 0.5)
     time_unit: ClassVar[str] = "ms"
     space_unit: ClassVar[str] = "mm"
     field_info: ClassVar[dict[str, tuple[str, str]]] = {
