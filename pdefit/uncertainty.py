@@ -1,0 +1,258 @@
+"""Standard errors and 95 % intervals of fitted shared scalar parameters at the optimum.
+
+The data loss of a fit (:mod:`pdefit.observe`, :mod:`pdefit.problem`) is a weighted sum of
+squared residuals r_i = model_i(θ) − y_i over every observed value i (all fields, frames,
+points and experiments), plus the penalty R(θ):
+
+    L(θ) = Σ_i a_i r_i² + R(θ),   a_i = w_f · s_{e,f} / E,
+
+with w_f the field weight (``observe.field_weights``), s_{e,f} = 1 / (number of observed values
+of field f in experiment e) for ``mse`` or 1 / Σ y² of them for ``relative_mse``, and E the
+number of experiments. Assume y_i = model_i(θ*) + ε_i with independent ε_i ~ N(0, σ²) (one σ
+for every observed value, no model error, known initial state). Linearising the optimality
+condition ∇L(θ̂) = 0 at the optimum gives the sandwich covariance in the unconstrained
+coordinates θ (J = ∂r/∂θ, A = diag(a_i)):
+
+    Cov(θ̂) = σ² B⁻¹ (Jᵀ A² J) B⁻¹,   B = Jᵀ A J + ½ ∇²R.
+
+Every matrix here is a Gauss–Newton matrix of a reweighted loss, computed by
+:func:`pdefit.gauss_newton.gauss_newton` (forward tangents, no stored trajectory): the loss
+Σ_i a_i^q r_i² has Gauss–Newton matrix 2 Jᵀ A^q J. With uniform weights (a_i = a, the usual
+case: ``mse`` and fields observed alike) all three are multiples of JᵀJ and one sweep with
+q = 0 suffices; then, without a penalty, Cov = σ² (JᵀJ)⁻¹ with JᵀJ = (N/2)·H_GN of the MSE
+over N values. σ² is the dataset's additive noise level when it records one, else estimated
+from the residual: σ̂² = RSS / (N − p), with p the number of fitted parameters, and the
+interval then uses Student's t with N − p degrees of freedom. Values of the first frame that
+a known initial field copies from the data (zero residual, no sample of the noise) are not
+counted in N. Such a copied initial field carries the noise into the whole trajectory, which
+the formula does not model (it assumes a known initial state): intervals from noisy data with
+the initial state read from the first frame are then somewhat too narrow.
+
+Intervals are formed in θ-space (θ̂ ± q·σ_θ) and mapped through the transforms, so they stay
+inside the parameters' bounds (for a ``log`` parameter they are [p·e^{−qσ_θ}, p·e^{qσ_θ}]); the
+standard error in physical units is the delta method's |dp/dθ|·σ_θ (p·σ_θ for ``log``).
+
+Directions the data do not determine are found from the eigen-decomposition of B scaled to
+unit diagonal: an eigenvalue below ``rcond`` × the largest marks a near-singular direction, and
+the parameters with a large share in it (squared component ≥ 0.1) get no interval and are
+flagged; a parameter whose relative standard error exceeds 100 % is flagged as poorly
+determined.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from scipy import stats
+
+from .gauss_newton import gauss_newton
+from .problem import Batch, FitProblem, Regularization
+
+LEVEL = 0.95
+SHARE = 0.1  # squared eigenvector component above which a parameter is named in a direction
+NOT_DETERMINED = "not determined by the data"
+POORLY_DETERMINED = "poorly determined (std error > 100 %)"
+
+
+def unavailable_reason(problem: FitProblem) -> str | None:
+    """Why no intervals can be computed for ``problem`` (None: they can)."""
+    if problem.fitted_fields:
+        return (f"fitted initial fields {list(problem.fitted_fields)}: intervals cover fits of "
+                "shared scalar parameters only")
+    others = [n for n in problem.layout.fitted if n not in problem.layout.scalars]
+    if others:
+        return (f"array or per-experiment parameter(s) {others}: intervals cover fits of "
+                "shared scalar parameters only")
+    if not problem.layout.fitted:
+        return "no fitted parameter"
+    if problem.domain is not None:
+        return "the Gauss–Newton curvature runs on one device (mesh=single)"
+    return None
+
+
+def misfit_weights(problem: FitProblem, batch: Batch) -> dict[str, np.ndarray]:
+    """a_{e,f} per observed field: the weight of a squared residual of field f in experiment e
+    in the data loss, shape (n_exp,)."""
+    field_weights = dict(problem.observation.field_weights)
+    scale = batch.observed.scale
+    n_exp = next(iter(scale.values())).shape[0]
+    return {f: field_weights.get(f, 1.0) * np.asarray(s, np.float64) / n_exp
+            for f, s in scale.items()}
+
+
+def copied_values(problem: FitProblem, theta: Any, batch: Batch) -> int:
+    """How many observed values of the frame at step 0 the initial state reproduces exactly:
+    a known initial field read from that frame copies its noise, so its residual is zero
+    and no sample of the noise; they are left out of N."""
+    slot = int(batch.observed.slot_of_step[0])
+    if slot < 0:
+        return 0
+    projected = jax.vmap(problem.observation.project)(problem.initial_state(theta, batch))
+    return int(sum(jnp.sum((batch.observed.weights[f][:, slot] > 0)
+                           & (projected[f] == batch.observed.values[f][:, slot]))
+                   for f in projected))
+
+
+def _reweighted(problem: FitProblem, batch: Batch, power: int,
+                ) -> tuple[FitProblem, Batch]:
+    """The problem (no field weights, no penalty) and batch whose data loss is Σ_i a_i^power
+    r_i²: gauss_newton averages over experiments, hence the factor E."""
+    weights = misfit_weights(problem, batch)
+    n_exp = next(iter(weights.values())).shape[0]
+    dtype = next(iter(batch.observed.scale.values())).dtype
+    scale = {f: jnp.asarray(w ** power * n_exp, dtype) for f, w in weights.items()}
+    plain = dataclasses.replace(
+        problem, regularization=Regularization(),
+        observation=dataclasses.replace(problem.observation, field_weights=()))
+    return plain, batch._replace(observed=batch.observed._replace(scale=scale))
+
+
+def _gauss_newton_matrix(problem: FitProblem, theta: Any, batch: Batch, power: int,
+                         ) -> tuple[float, np.ndarray]:
+    """(Σ a^power r², Jᵀ A^power J) at ``theta``: one forward-tangent sweep."""
+    plain, reweighted = _reweighted(problem, batch, power)
+    value, _, matrix = jax.jit(gauss_newton(plain))(theta, reweighted)
+    return float(value), 0.5 * np.asarray(matrix, np.float64)
+
+
+def curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
+                    ) -> tuple[float, int, np.ndarray, np.ndarray, np.ndarray]:
+    """(RSS, N, JᵀJ, B, JᵀA²J) at ``theta`` (N: the observed values that sample the noise,
+    see :func:`copied_values`; matrices flattened in ``ravel_pytree`` order of
+    ``theta["params"]``): one sweep when the weights are uniform, three otherwise."""
+    weights = misfit_weights(problem, batch)
+    n_values = int(sum(float(jnp.sum(w)) for w in batch.observed.weights.values()))
+    n_values -= copied_values(problem, theta, batch)
+    rss, plain = _gauss_newton_matrix(problem, theta, batch, 0)
+    levels = np.concatenate([np.ravel(w) for w in weights.values()])
+    if np.allclose(levels, levels[0], rtol=1e-12, atol=0.0):
+        a = float(levels[0])
+        data, squared = a * plain, a * a * plain
+    else:
+        data = _gauss_newton_matrix(problem, theta, batch, 1)[1]
+        squared = _gauss_newton_matrix(problem, theta, batch, 2)[1]
+    flat, unravel = ravel_pytree(theta["params"])
+    penalty = jax.hessian(lambda f: problem.penalty({**theta, "params": unravel(f)}))(flat)
+    return rss, n_values, plain, data + 0.5 * np.asarray(penalty, np.float64), squared
+
+
+def near_singular(bread: np.ndarray, rcond: float,
+                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Eigen-decomposition of ``bread`` scaled to unit diagonal (a zero diagonal, a parameter
+    the data never see, stays zero): (scaling d, eigenvalues, eigenvectors, condition number);
+    B = diag(1/d) · V Λ Vᵀ · diag(1/d)."""
+    diagonal = np.diag(bread).copy()
+    d = np.where(diagonal > 0, 1.0 / np.sqrt(np.where(diagonal > 0, diagonal, 1.0)), 1.0)
+    scaled = d[:, None] * bread * d[None, :]
+    values, vectors = np.linalg.eigh(0.5 * (scaled + scaled.T))
+    low, top = float(values.min()), float(values.max())
+    return d, values, vectors, top / low if low > 0 else math.inf
+
+
+def covariance(bread: np.ndarray, meat: np.ndarray, sigma2: float, rcond: float,
+               ) -> tuple[np.ndarray, list[np.ndarray], float, np.ndarray]:
+    """(σ² B⁺ M B⁺, near-singular directions as unit vectors, condition number, the relative
+    eigenvalue of each direction); B⁺ leaves out the directions with a relative eigenvalue
+    below ``rcond``."""
+    d, values, vectors, condition = near_singular(bread, rcond)
+    top = max(float(values.max()), 0.0)
+    keep = values > rcond * top if top > 0 else np.zeros_like(values, bool)
+    inverse_scaled = (vectors[:, keep] / values[keep]) @ vectors[:, keep].T
+    pseudo_inverse = d[:, None] * inverse_scaled * d[None, :]
+    cov = sigma2 * pseudo_inverse @ meat @ pseudo_inverse
+    directions = [vectors[:, i] for i in np.flatnonzero(~keep)]
+    ratios = values[~keep] / top if top > 0 else np.zeros(int((~keep).sum()))
+    return cov, directions, condition, ratios
+
+
+def default_rcond(dtype: Any) -> float:
+    """Relative eigenvalue below which a direction counts as undetermined: 1e-10, or more where
+    the curvature's own rounding (float32) is larger."""
+    return max(1e-10, 1e3 * float(jnp.finfo(dtype).eps))
+
+
+def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quantile: float,
+                        undetermined: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per fitted scalar, in physical units: value, std error (delta method), the interval
+    mapped from θ-space, the relative std error and a flag."""
+    flat, unravel = ravel_pytree(theta["params"])
+    index = unravel(jnp.arange(flat.shape[0]))
+    out = {}
+    for name in problem.layout.scalars:
+        spec = problem.layout.specs[name]
+        z = jnp.asarray(theta["params"][name])
+        value, slope = (float(x) for x in jax.jvp(spec.to_physical, (z,), (jnp.ones_like(z),)))
+        row: dict[str, Any] = {"value": value, "std_error": None, "ci95_low": None,
+                               "ci95_high": None, "rel_std_error": None, "flag": ""}
+        if name in undetermined:
+            row["flag"] = NOT_DETERMINED
+            out[name] = row
+            continue
+        sigma_z = math.sqrt(max(float(cov[int(index[name]), int(index[name])]), 0.0))
+        ends = sorted(float(spec.to_physical(z + s * quantile * sigma_z))
+                      for s in (-1.0, 1.0))
+        std = abs(slope) * sigma_z
+        rel = std / abs(value) if value else None
+        row.update(std_error=std, ci95_low=ends[0], ci95_high=ends[1], rel_std_error=rel,
+                   flag=POORLY_DETERMINED if rel is not None and rel > 1.0 else "")
+        out[name] = row
+    return out
+
+
+def known_sigma(noise: Mapping[str, Any] | None) -> float | None:
+    """The noise level a dataset records, where it is the additive noise the covariance
+    assumes (relative noise is not: its variance changes from value to value)."""
+    if not noise or noise.get("kind") != "additive":
+        return None
+    return float(noise["sigma"])
+
+
+def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None = None,
+             rcond: float | None = None) -> dict[str, Any]:
+    """The ``uncertainty`` block of summary.json at the optimum ``theta``: noise level and its
+    source, degrees of freedom, condition number, near-singular directions and per fitted
+    scalar its std error and 95 % interval (physical units). ``sigma``: the known noise level
+    (None: estimated from the residual)."""
+    reason = unavailable_reason(problem)
+    if reason is not None:
+        return {"available": False, "reason": reason}
+    flat, unravel = ravel_pytree(theta["params"])
+    rcond = default_rcond(flat.dtype) if rcond is None else rcond
+    rss, n_values, _, bread, meat = curvature_parts(problem, theta, batch)
+    p = int(flat.shape[0])
+    dof = n_values - p
+    if sigma is None:
+        if dof <= 0:
+            return {"available": False,
+                    "reason": f"{n_values} observed values for {p} parameters"}
+        sigma2, source = rss / dof, "residual"
+        quantile = float(stats.t.ppf(0.5 + LEVEL / 2, dof))
+    else:
+        sigma2, source = sigma**2, "dataset"
+        quantile = float(stats.norm.ppf(0.5 + LEVEL / 2))
+    cov, directions, condition, ratios = covariance(bread, meat, sigma2, rcond)
+    names = [None] * p
+    for name, i in unravel(jnp.arange(p)).items():
+        names[int(i)] = name
+    named = [{"relative_eigenvalue": float(r),
+              "parameters": {names[j]: float(v[j]) for j in np.flatnonzero(v**2 >= SHARE)}}
+             for v, r in zip(directions, ratios, strict=True)]
+    undetermined = sorted({n for d in named for n in d["parameters"]})
+    intervals = parameter_intervals(problem, theta, cov, quantile, undetermined)
+    return {
+        "available": True, "level": LEVEL, "sigma": math.sqrt(sigma2), "sigma_source": source,
+        "n_values": n_values, "n_parameters": p, "dof": dof, "rss": rss,
+        "quantile": quantile, "condition_number": condition if math.isfinite(condition)
+        else None, "rcond": rcond, "near_singular_directions": named,
+        "flagged": [n for n, r in intervals.items() if r["flag"]],
+        "parameters": intervals,
+        "covers": "fitted shared scalar parameters only (fitted fields, array and "
+                  "per-experiment parameters are not covered)",
+    }
