@@ -59,6 +59,8 @@ LEVEL = 0.95
 SHARE = 0.1  # squared eigenvector component above which a parameter is named in a direction
 NOT_DETERMINED = "not determined by the data"
 POORLY_DETERMINED = "poorly determined (std error > 100 %)"
+COPIED_WARNING = ("the initial state is the first observed frame: its noise is not in the "
+                  "intervals (they assume a known initial state), which are then too narrow")
 
 
 def unavailable_reason(problem: FitProblem) -> str | None:
@@ -226,6 +228,7 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
     flat, unravel = ravel_pytree(theta["params"])
     rcond = default_rcond(flat.dtype) if rcond is None else rcond
     rss, n_values, _, bread, meat = curvature_parts(problem, theta, batch)
+    copied = copied_values(problem, theta, batch)
     p = int(flat.shape[0])
     dof = n_values - p
     if sigma is None:
@@ -255,4 +258,6 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
         "parameters": intervals,
         "covers": "fitted shared scalar parameters only (fitted fields, array and "
                   "per-experiment parameters are not covered)",
+        "copied_initial_values": copied,
+        "warnings": [COPIED_WARNING] if copied and sigma2 > 0 else [],
     }

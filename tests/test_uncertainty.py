@@ -26,7 +26,7 @@ from pdefit.problem import Batch, FitProblem, Regularization
 from pdefit.system import stepper
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 from pdefit.train import run_fit
-from pdefit.uncertainty import NOT_DETERMINED, estimate
+from pdefit.uncertainty import COPIED_WARNING, NOT_DETERMINED, estimate
 from tests.helpers import ap_state
 
 DT = 0.05
@@ -109,6 +109,7 @@ def test_covariance_equals_the_direct_jacobian_of_the_residuals():
         assert row["ci95_low"] == pytest.approx(AP96[name] * np.exp(-q * sigma_z), rel=1e-9)
         assert row["ci95_high"] == pytest.approx(AP96[name] * np.exp(q * sigma_z), rel=1e-9)
     assert result["flagged"] == [] and result["near_singular_directions"] == []
+    assert result["copied_initial_values"] == 0 and result["warnings"] == []
 
 
 @pytest.mark.slow
@@ -195,6 +196,8 @@ def test_fit_command_prints_and_writes_intervals(tmp_path, capsys):
     assert saved["sigma"] == pytest.approx(SIGMA)
     # Frame 0 is the initial state read from the data: its copied values are not counted.
     assert saved["dof"] == 3 * 2 * 16 * 16 - 2
+    assert saved["copied_initial_values"] == 2 * 16 * 16 and saved["warnings"] == [
+        COPIED_WARNING]
     for row in summary["parameters"]:
         bounds = saved["parameters"][row["name"]]
         assert bounds["ci95_low"] < row["recovered"] < bounds["ci95_high"]
