@@ -232,10 +232,7 @@ def _uncertainty(cfg: DictConfig, setup: Any, theta: Any, dataset: Path) -> dict
         return {"available": False, "reason": reason}
     log.info("parameter intervals: one forward-tangent sweep over the training window…")
     noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
-    result = estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise))
-    for warning in result.get("warnings", ()):
-        log.warning(f"parameter intervals: {warning}")
-    return result
+    return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise))
 
 
 def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,

@@ -26,7 +26,7 @@ from pdefit.problem import Batch, FitProblem, Regularization
 from pdefit.system import stepper
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 from pdefit.train import run_fit
-from pdefit.uncertainty import COPIED_WARNING, NOT_DETERMINED, estimate
+from pdefit.uncertainty import NOT_DETERMINED, estimate
 from tests.helpers import ap_state
 
 DT = 0.05
@@ -71,34 +71,47 @@ def noisy_problem(fitted, frame_steps, noise_seed=0, sigma=SIGMA, x0=None,
     return problem, batch, theta, values
 
 
-def test_covariance_equals_the_direct_jacobian_of_the_residuals():
+@pytest.mark.parametrize("copied", [False, True], ids=["known-initial-state", "noisy-copy"])
+def test_covariance_equals_the_direct_jacobian_of_the_residuals(copied):
     """Unequal field weights and an L2 prior (the sandwich's general case): the covariance
-    from forward-tangent sweeps equals σ̂² B⁻¹ JᵀA²J B⁻¹ with J from jax.jacfwd of the
-    residual vector, and σ̂² = RSS/(N − p)."""
+    from forward-tangent sweeps equals σ̂² B⁻¹ M B⁻¹ with J from jax.jacfwd of the residual
+    vector, σ̂² = RSS/(N − p) and M = JᵀA²J; with the initial state a copy of the noisy first
+    frame, its values leave N and M gains (JᵀAJ_x)(JᵀAJ_x)ᵀ (J_x by jax.jacfwd, too)."""
     frame_steps = list(range(0, 21, 5))
     weights, prior = {"u": 1.0, "v": 3.0}, 0.02
     problem, batch, theta, values = noisy_problem(
         ("k", "a", "mu1"), frame_steps, field_weights=weights.items(),
         regularization=Regularization(params=prior))
+    if copied:
+        batch = batch._replace(initial={f: jnp.asarray(values[f][:, 0]) for f in values})
     flat, unravel = ravel_pytree(theta["params"])
     x0 = {f: batch.initial[f][0] for f in ("u", "v")}
 
-    def residuals(f):
+    def residuals(f, x0):
         states = trajectory(x0, frame_steps[-1], problem.layout.physical(unravel(f)))
         return jnp.concatenate([(states[g][jnp.asarray(frame_steps)] - values[g][0]).ravel()
                                 for g in ("u", "v")])
 
-    r, jac = residuals(flat), jax.jacfwd(residuals)(flat)
+    r, jac = residuals(flat, x0), jax.jacfwd(residuals)(flat, x0)
     n = r.shape[0] // 2
     a = np.concatenate([np.full(n, weights["u"] / n), np.full(n, weights["v"] / n)])
     bread = jac.T @ (a[:, None] * jac) + prior * np.eye(3)
     meat = jac.T @ (a[:, None] ** 2 * jac)
-    sigma2 = float(r @ r) / (r.shape[0] - 3)
+    n_values = r.shape[0]
+    if copied:
+        jac_x0 = jax.jacfwd(residuals, argnums=1)(flat, x0)
+        cross = jac.T @ (a[:, None] * np.concatenate(
+            [jac_x0[f].reshape(r.shape[0], -1) for f in ("u", "v")], axis=1))
+        meat = meat + cross @ cross.T
+        n_values -= 2 * 144
+    sigma2 = float(r @ r) / (n_values - 3)
     inverse = np.linalg.inv(bread)
     expected = sigma2 * inverse @ meat @ inverse
 
     result = estimate(problem, theta, batch)
-    assert result["sigma_source"] == "residual" and result["dof"] == r.shape[0] - 3
+    assert result["sigma_source"] == "residual" and result["dof"] == n_values - 3
+    assert result["copied_initial_values"] == (2 * 144 if copied else 0)
+    assert result["initial_state_noise"] == ("exact" if copied else None)
     assert result["sigma"] ** 2 == pytest.approx(sigma2, rel=1e-10)
     index = unravel(jnp.arange(3))
     for name, row in result["parameters"].items():
@@ -109,7 +122,6 @@ def test_covariance_equals_the_direct_jacobian_of_the_residuals():
         assert row["ci95_low"] == pytest.approx(AP96[name] * np.exp(-q * sigma_z), rel=1e-9)
         assert row["ci95_high"] == pytest.approx(AP96[name] * np.exp(q * sigma_z), rel=1e-9)
     assert result["flagged"] == [] and result["near_singular_directions"] == []
-    assert result["copied_initial_values"] == 0 and result["warnings"] == []
 
 
 @pytest.mark.slow
@@ -196,8 +208,8 @@ def test_fit_command_prints_and_writes_intervals(tmp_path, capsys):
     assert saved["sigma"] == pytest.approx(SIGMA)
     # Frame 0 is the initial state read from the data: its copied values are not counted.
     assert saved["dof"] == 3 * 2 * 16 * 16 - 2
-    assert saved["copied_initial_values"] == 2 * 16 * 16 and saved["warnings"] == [
-        COPIED_WARNING]
+    assert saved["copied_initial_values"] == 2 * 16 * 16
+    assert saved["initial_state_noise"] == "exact"
     for row in summary["parameters"]:
         bounds = saved["parameters"][row["name"]]
         assert bounds["ci95_low"] < row["recovered"] < bounds["ci95_high"]
