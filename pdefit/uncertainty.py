@@ -9,7 +9,8 @@ points and experiments), plus the penalty R(θ):
 with w_f the field weight (``observe.field_weights``), s_{e,f} = 1 / (number of observed values
 of field f in experiment e) for ``mse`` or 1 / Σ y² of them for ``relative_mse``, and E the
 number of experiments. Assume y_i = model_i(θ*) + ε_i with independent ε_i ~ N(0, σ²) (one σ
-for every observed value, no model error, known initial state). Linearising the optimality
+for every observed value, no model error, a known initial state or one read from the first
+frame, see below). Linearising the optimality
 condition ∇L(θ̂) = 0 at the optimum gives the sandwich covariance in the unconstrained
 coordinates θ (J = ∂r/∂θ, A = diag(a_i)):
 
