@@ -67,9 +67,14 @@ def format_table(rows: Sequence[Mapping]) -> str:
         return "—" if x is None else f"{x:.6g}"
 
     def interval(r):
-        if r.get("ci95_low") is None:
+        low, high = r.get("ci95_low"), r.get("ci95_high")
+        if low is None:
             return "—"
-        return f"[{r['ci95_low']:.5g}, {r['ci95_high']:.5g}]"
+        # Enough significant figures that the ends differ (two on the interval's width).
+        size = max(abs(low), abs(high))
+        digits = 5 if high <= low or size == 0 else max(
+            5, int(np.ceil(np.log10(size / (high - low)))) + 2)
+        return f"[{low:.{min(digits, 17)}g}, {high:.{min(digits, 17)}g}]"
 
     width = max([len("unit"), *(len(r.get("unit") or "") for r in rows)])
     spread = any("std_error" in r for r in rows)
@@ -78,7 +83,7 @@ def format_table(rows: Sequence[Mapping]) -> str:
               f"{'true':>12} {'start err':>11} {'error':>11}")
     if spread:
         header += f" {'± std err':>11} {'95 % interval':<{span}}"
-    lines = [header]
+    lines = [header.rstrip()]
     for r in rows:
         line = (f"{r['name']:<10} {r.get('unit') or '':<{width}} {num(r['start']):>12} "
                 f"{num(r['recovered']):>12} {num(r['true']):>12} "

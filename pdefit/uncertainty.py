@@ -41,7 +41,9 @@ Directions the data do not determine are found from the eigen-decomposition of B
 unit diagonal: an eigenvalue below ``rcond`` × the largest marks a near-singular direction, and
 the parameters with a large share in it (squared component ≥ 0.1) get no interval and are
 flagged; a parameter whose relative standard error exceeds 100 % is flagged as poorly
-determined.
+determined. The intervals are centred on the optimum; where the Gauss–Newton step from the
+fitted θ, −(2B)⁺∇L, still moves a parameter by more than half its standard error the fit has
+not converged that far, and the parameter is flagged with the distance (``to_optimum``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -64,6 +66,10 @@ LEVEL = 0.95
 SHARE = 0.1  # squared eigenvector component above which a parameter is named in a direction
 NOT_DETERMINED = "not determined by the data"
 POORLY_DETERMINED = "poorly determined (std error > 100 %)"
+# A fit whose Gauss–Newton step to the optimum exceeds this many std errors has not converged
+# as far as its intervals assume (they are centred on the optimum).
+STEP_LIMIT = 0.5
+NOT_CONVERGED = "optimum not reached"
 # The response of the residuals to a noisy initial state: exact (one tangent per value) up to
 # this many values, else estimated from this many random directions (about 25 % error).
 EXACT_LIMIT = 512
@@ -124,13 +130,14 @@ def _reweighted(problem: FitProblem, batch: Batch, power: int,
 
 
 def _gauss_newton_matrix(problem: FitProblem, theta: Any, batch: Batch, power: int,
-                         directions: Any = None) -> tuple[float, np.ndarray]:
-    """(Σ a^power r², half the Gauss–Newton matrix of that loss) at ``theta``: Jᵀ A^power J,
-    bordered by Jᵀ A^power J_x d for initial-state ``directions`` d; one forward-tangent
-    sweep."""
+                         directions: Any = None) -> tuple[float, np.ndarray, np.ndarray]:
+    """(Σ a^power r², its gradient 2 Jᵀ A^power r, half its Gauss–Newton matrix) at ``theta``:
+    Jᵀ A^power J, bordered by Jᵀ A^power J_x d for initial-state ``directions`` d; one
+    forward-tangent sweep."""
     plain, reweighted = _reweighted(problem, batch, power)
-    value, _, matrix = jax.jit(gauss_newton(plain))(theta, reweighted, directions)
-    return float(value), 0.5 * np.asarray(matrix, np.float64)
+    value, gradient, matrix = jax.jit(gauss_newton(plain))(theta, reweighted, directions)
+    return (float(value), np.asarray(ravel_pytree(gradient["params"])[0], np.float64),
+            0.5 * np.asarray(matrix, np.float64))
 
 
 def initial_directions(x0: Any, limit: int = EXACT_LIMIT, samples: int = SAMPLES,
@@ -153,11 +160,20 @@ def initial_directions(x0: Any, limit: int = EXACT_LIMIT, samples: int = SAMPLES
     return jax.tree.unflatten(treedef, parts), weight, kind
 
 
-def curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
-                    ) -> tuple[float, int, np.ndarray, np.ndarray, str | None]:
-    """(RSS, N, B, M, how the initial state's noise is included) at ``theta``, where
-    Cov = σ² B⁻¹ M B⁻¹ (matrices flattened in ``ravel_pytree`` order of ``theta["params"]``;
-    N: the observed values that sample the noise, see :func:`copied_values`). M = JᵀA²J, plus
+class CurvatureParts(NamedTuple):
+    """What the covariance is made of, at one θ (vectors and matrices flattened in
+    ``ravel_pytree`` order of ``theta["params"]``): Cov = σ² B⁻¹ M B⁻¹."""
+
+    rss: float  # Σ r², unweighted
+    n_values: int  # observed values that sample the noise (see copied_values)
+    bread: np.ndarray  # B
+    meat: np.ndarray  # M
+    gradient: np.ndarray  # of the fit's loss, penalty included
+    initial_noise: str | None  # how the noise of a copied initial state is included
+
+
+def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureParts:
+    """:class:`CurvatureParts` at ``theta``. M = JᵀA²J, plus
     (JᵀAJ_x)(JᵀAJ_x)ᵀ where the initial state is a noisy copy of the first frame (J_x: the
     residuals' response to it, from :func:`initial_directions`). One sweep when the weights
     are uniform, three otherwise."""
@@ -168,18 +184,23 @@ def curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
                                 if copied else (None, 0.0, None))
     flat, unravel = ravel_pytree(theta["params"])
     k = flat.shape[0]
-    rss, plain = _gauss_newton_matrix(problem, theta, batch, 0, directions)
+    rss, plain_gradient, plain = _gauss_newton_matrix(problem, theta, batch, 0, directions)
     levels = np.concatenate([np.ravel(w) for w in weights.values()])
     if np.allclose(levels, levels[0], rtol=1e-12, atol=0.0):
         a = float(levels[0])
-        data, squared = a * plain, a * a * plain[:k, :k]
+        gradient, data, squared = a * plain_gradient, a * plain, a * a * plain[:k, :k]
     else:
-        data = _gauss_newton_matrix(problem, theta, batch, 1, directions)[1]
-        squared = _gauss_newton_matrix(problem, theta, batch, 2)[1]
+        _, gradient, data = _gauss_newton_matrix(problem, theta, batch, 1, directions)
+        squared = _gauss_newton_matrix(problem, theta, batch, 2)[2]
     cross = data[:k, k:]
-    penalty = jax.hessian(lambda f: problem.penalty({**theta, "params": unravel(f)}))(flat)
-    bread = data[:k, :k] + 0.5 * np.asarray(penalty, np.float64)
-    return rss, n_values, bread, squared + weight * cross @ cross.T, kind
+
+    def penalty(f):
+        return problem.penalty({**theta, "params": unravel(f)})
+
+    bread = data[:k, :k] + 0.5 * np.asarray(jax.hessian(penalty)(flat), np.float64)
+    gradient = gradient + np.asarray(jax.grad(penalty)(flat), np.float64)
+    return CurvatureParts(rss, n_values, bread, squared + weight * cross @ cross.T, gradient,
+                          kind)
 
 
 def near_singular(bread: np.ndarray, rcond: float,
@@ -195,20 +216,18 @@ def near_singular(bread: np.ndarray, rcond: float,
     return d, values, vectors, top / low if low > 0 else math.inf
 
 
-def covariance(bread: np.ndarray, meat: np.ndarray, sigma2: float, rcond: float,
-               ) -> tuple[np.ndarray, list[np.ndarray], float, np.ndarray]:
-    """(σ² B⁺ M B⁺, near-singular directions as unit vectors, condition number, the relative
+def pseudo_inverse(bread: np.ndarray, rcond: float,
+                   ) -> tuple[np.ndarray, list[np.ndarray], float, np.ndarray]:
+    """(B⁺, near-singular directions as unit vectors, condition number, the relative
     eigenvalue of each direction); B⁺ leaves out the directions with a relative eigenvalue
     below ``rcond``."""
     d, values, vectors, condition = near_singular(bread, rcond)
     top = max(float(values.max()), 0.0)
     keep = values > rcond * top if top > 0 else np.zeros_like(values, bool)
     inverse_scaled = (vectors[:, keep] / values[keep]) @ vectors[:, keep].T
-    pseudo_inverse = d[:, None] * inverse_scaled * d[None, :]
-    cov = sigma2 * pseudo_inverse @ meat @ pseudo_inverse
     directions = [vectors[:, i] for i in np.flatnonzero(~keep)]
     ratios = values[~keep] / top if top > 0 else np.zeros(int((~keep).sum()))
-    return cov, directions, condition, ratios
+    return d[:, None] * inverse_scaled * d[None, :], directions, condition, ratios
 
 
 def default_rcond(dtype: Any) -> float:
@@ -218,9 +237,11 @@ def default_rcond(dtype: Any) -> float:
 
 
 def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quantile: float,
-                        undetermined: Sequence[str]) -> dict[str, dict[str, Any]]:
+                        undetermined: Sequence[str], step: np.ndarray | None = None,
+                        ) -> dict[str, dict[str, Any]]:
     """Per fitted scalar, in physical units: value, std error (delta method), the interval
-    mapped from θ-space, the relative std error and a flag."""
+    mapped from θ-space, the relative std error, the Gauss–Newton ``step`` (θ-space) to the
+    optimum in std errors and a flag."""
     flat, unravel = ravel_pytree(theta["params"])
     index = unravel(jnp.arange(flat.shape[0]))
     out = {}
@@ -229,7 +250,8 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
         z = jnp.asarray(theta["params"][name])
         value, slope = (float(x) for x in jax.jvp(spec.to_physical, (z,), (jnp.ones_like(z),)))
         row: dict[str, Any] = {"value": value, "std_error": None, "ci95_low": None,
-                               "ci95_high": None, "rel_std_error": None, "flag": ""}
+                               "ci95_high": None, "rel_std_error": None, "to_optimum": None,
+                               "flag": ""}
         if name in undetermined:
             row["flag"] = NOT_DETERMINED
             out[name] = row
@@ -239,8 +261,13 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
                       for s in (-1.0, 1.0))
         std = abs(slope) * sigma_z
         rel = std / abs(value) if value else None
+        remaining = (None if step is None or sigma_z == 0 else
+                     abs(float(step[int(index[name])])) / sigma_z)
+        flag = POORLY_DETERMINED if rel is not None and rel > 1.0 else ""
+        if not flag and remaining is not None and remaining > STEP_LIMIT:
+            flag = f"{NOT_CONVERGED} ({remaining:.2g} std errors)"
         row.update(std_error=std, ci95_low=ends[0], ci95_high=ends[1], rel_std_error=rel,
-                   flag=POORLY_DETERMINED if rel is not None and rel > 1.0 else "")
+                   to_optimum=remaining, flag=flag)
         out[name] = row
     return out
 
@@ -264,19 +291,22 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
         return {"available": False, "reason": reason}
     flat, unravel = ravel_pytree(theta["params"])
     rcond = default_rcond(flat.dtype) if rcond is None else rcond
-    rss, n_values, bread, meat, initial_noise = curvature_parts(problem, theta, batch)
-    p = int(flat.shape[0])
+    parts = curvature_parts(problem, theta, batch)
+    p, n_values = int(flat.shape[0]), parts.n_values
     dof = n_values - p
     if sigma is None:
         if dof <= 0:
             return {"available": False,
                     "reason": f"{n_values} observed values for {p} parameters"}
-        sigma2, source = rss / dof, "residual"
+        sigma2, source = parts.rss / dof, "residual"
         quantile = float(stats.t.ppf(0.5 + LEVEL / 2, dof))
     else:
         sigma2, source = sigma**2, "dataset"
         quantile = float(stats.norm.ppf(0.5 + LEVEL / 2))
-    cov, directions, condition, ratios = covariance(bread, meat, sigma2, rcond)
+    inverse, directions, condition, ratios = pseudo_inverse(parts.bread, rcond)
+    cov = sigma2 * inverse @ parts.meat @ inverse
+    # The Gauss–Newton step to the optimum: an unconverged fit is that far from the centre.
+    step = -0.5 * inverse @ parts.gradient
     names = [None] * p
     for name, i in unravel(jnp.arange(p)).items():
         names[int(i)] = name
@@ -284,10 +314,10 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
               "parameters": {names[j]: float(v[j]) for j in np.flatnonzero(v**2 >= SHARE)}}
              for v, r in zip(directions, ratios, strict=True)]
     undetermined = sorted({n for d in named for n in d["parameters"]})
-    intervals = parameter_intervals(problem, theta, cov, quantile, undetermined)
+    intervals = parameter_intervals(problem, theta, cov, quantile, undetermined, step)
     return {
         "available": True, "level": LEVEL, "sigma": math.sqrt(sigma2), "sigma_source": source,
-        "n_values": n_values, "n_parameters": p, "dof": dof, "rss": rss,
+        "n_values": n_values, "n_parameters": p, "dof": dof, "rss": parts.rss,
         "quantile": quantile, "condition_number": condition if math.isfinite(condition)
         else None, "rcond": rcond, "near_singular_directions": named,
         "flagged": [n for n, r in intervals.items() if r["flag"]],
@@ -295,5 +325,5 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
         "covers": "fitted shared scalar parameters only (fitted fields, array and "
                   "per-experiment parameters are not covered)",
         "copied_initial_values": copied_values(problem, theta, batch),
-        "initial_state_noise": initial_noise,
+        "initial_state_noise": parts.initial_noise,
     }
