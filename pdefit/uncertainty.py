@@ -247,8 +247,8 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
     out = {}
     for name in problem.layout.scalars:
         spec = problem.layout.specs[name]
-        z = jnp.asarray(theta["params"][name])
-        value, slope = (float(x) for x in jax.jvp(spec.to_physical, (z,), (jnp.ones_like(z),)))
+        with jax.enable_x64(True):  # a float32 fit's interval may be narrower than its eps
+            value, slope, ends = _mapped(spec, float(theta["params"][name]), 0.0)
         row: dict[str, Any] = {"value": value, "std_error": None, "ci95_low": None,
                                "ci95_high": None, "rel_std_error": None, "to_optimum": None,
                                "flag": ""}
@@ -257,8 +257,8 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
             out[name] = row
             continue
         sigma_z = math.sqrt(max(float(cov[int(index[name]), int(index[name])]), 0.0))
-        ends = sorted(float(spec.to_physical(z + s * quantile * sigma_z))
-                      for s in (-1.0, 1.0))
+        with jax.enable_x64(True):
+            ends = _mapped(spec, float(theta["params"][name]), quantile * sigma_z)[2]
         std = abs(slope) * sigma_z
         rel = std / abs(value) if value else None
         remaining = (None if step is None or sigma_z == 0 else
@@ -270,6 +270,15 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
                    to_optimum=remaining, flag=flag)
         out[name] = row
     return out
+
+
+def _mapped(spec: Any, z: float, half_width: float) -> tuple[float, float, list[float]]:
+    """(p(z), p'(z), sorted [p(z − h), p(z + h)]) through ``spec``'s transform, in float64
+    (call under ``jax.enable_x64``)."""
+    z64 = jnp.asarray(z, jnp.float64)
+    value, slope = jax.jvp(spec.to_physical, (z64,), (jnp.ones_like(z64),))
+    ends = sorted(float(spec.to_physical(z64 + s * half_width)) for s in (-1.0, 1.0))
+    return float(value), float(slope), ends
 
 
 def known_sigma(noise: Mapping[str, Any] | None) -> float | None:
