@@ -42,6 +42,8 @@ from .rundir import open_run_record, plain_config, register_resolvers, simulated
 from .signals import FIT_SIGNALS, PreemptionFlag, signal_name
 from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
+from .uncertainty import estimate as estimate_uncertainty
+from .uncertainty import known_sigma, unavailable_reason
 from .validate import validate_fit
 
 log = logging.getLogger("pdefit")
@@ -197,9 +199,11 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
                 if k in problem.layout.fitted}
     save_fitted(out / FITTED_FILE, theta, physical)  # for pdefit-evaluate and fit.start_from
     recovered = {k: float(v) for k, v in _describe(problem, theta).items()}
+    uncertainty = _uncertainty(cfg, setup, theta, dataset)
     rows = parameter_table(problem.layout.scalars, first.start_values, recovered,
                            setup.reference,
-                           {n: problem.layout.specs[n].unit for n in problem.layout.scalars})
+                           {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
+                           uncertainty.get("parameters"))
     summary = {
         "system": problem.system.name, "grid": list(problem.grid.shape),
         "n_steps": problem.n_steps, "schedule": str(problem.schedule),
@@ -209,7 +213,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         "best_loss": history.best_loss, "initial_loss": losses[0],
         "wall_time_s": wall, "nan_failures": history.nan_failures,
         "restarts": history.restarts,
-        "parameters": rows, **error_summary(rows),
+        "parameters": rows, **error_summary(rows), "uncertainty": uncertainty,
     }
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
@@ -263,6 +267,21 @@ def _describe(problem, theta) -> dict[str, Any]:
     reported by _system_evaluation)."""
     physical = problem.layout.physical(theta["params"])
     return {n: physical[n] for n in problem.layout.scalars}
+
+
+def _uncertainty(cfg: DictConfig, setup: Any, theta: Any, dataset: Path) -> dict[str, Any]:
+    """Standard errors and intervals of the fitted scalars (pdefit.uncertainty) on the last
+    stage's window, with the dataset's additive noise level when it records one and the data
+    come from the fitted system; the reason where there are none."""
+    if not cfg.fit.uncertainty:
+        return {"available": False, "reason": "fit.uncertainty=false"}
+    reason = unavailable_reason(setup.problem)
+    if reason is not None:
+        log.info(f"no parameter intervals: {reason}")
+        return {"available": False, "reason": reason}
+    log.info("parameter intervals: one forward-tangent sweep over the training window…")
+    noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
+    return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise))
 
 
 def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,

@@ -130,6 +130,9 @@ class FitSpecConfig:
     # Growing training windows: frame counts of successive stages (the last stage sees all
     # frames), each starting from the previous one's result. None: one stage.
     stages: list[int] | None = None
+    # Standard errors and 95 % intervals of the fitted shared scalars after the fit
+    # (pdefit.uncertainty): one forward-tangent sweep over the training window.
+    uncertainty: bool = True
 
 
 @dataclass

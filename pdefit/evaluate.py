@@ -12,17 +12,24 @@ import numpy as np
 def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
                     recovered: Mapping[str, float], truth: Mapping[str, float] | None,
                     units: Mapping[str, str] | None = None,
+                    intervals: Mapping[str, Mapping[str, Any]] | None = None,
                     ) -> list[dict[str, float | str | None]]:
     """One row per fitted scalar: start, recovered and true value, their relative errors
-    and the parameter's unit (``units``: name → unit, e.g. from ``ParamSpec.unit``)."""
+    and the parameter's unit (``units``: name → unit, e.g. from ``ParamSpec.unit``); with
+    ``intervals`` (:func:`pdefit.uncertainty.estimate`'s ``parameters``) also the standard
+    error, the 95 % interval and the flag of a parameter the data do not determine."""
     rows = []
     for name in fitted:
         true = None if truth is None else truth.get(name)
         rel = None if true in (None, 0) else abs(recovered[name] - true) / abs(true)
         rel0 = None if true in (None, 0) else abs(start[name] - true) / abs(true)
-        rows.append({"name": name, "unit": (units or {}).get(name, ""), "start": start[name],
-                     "recovered": recovered[name], "true": true, "start_rel_error": rel0,
-                     "rel_error": rel})
+        row = {"name": name, "unit": (units or {}).get(name, ""), "start": start[name],
+               "recovered": recovered[name], "true": true, "start_rel_error": rel0,
+               "rel_error": rel}
+        if intervals and name in intervals:
+            row.update({k: intervals[name][k] for k in ("std_error", "ci95_low", "ci95_high",
+                                                         "flag")})
+        rows.append(row)
     return rows
 
 
@@ -59,14 +66,33 @@ def format_table(rows: Sequence[Mapping]) -> str:
     def num(x):
         return "—" if x is None else f"{x:.6g}"
 
+    def interval(r):
+        low, high = r.get("ci95_low"), r.get("ci95_high")
+        if low is None:
+            return "—"
+        # Enough significant figures that the ends differ (two on the interval's width).
+        size = max(abs(low), abs(high))
+        digits = 5 if high <= low or size == 0 else max(
+            5, int(np.ceil(np.log10(size / (high - low)))) + 2)
+        return f"[{low:.{min(digits, 17)}g}, {high:.{min(digits, 17)}g}]"
+
     width = max([len("unit"), *(len(r.get("unit") or "") for r in rows)])
-    lines = [f"{'parameter':<10} {'unit':<{width}} {'start':>12} {'recovered':>12} "
-             f"{'true':>12} {'start err':>11} {'error':>11}"]
+    spread = any("std_error" in r for r in rows)
+    span = max([len("95 % interval"), *(len(interval(r)) for r in rows)])
+    header = (f"{'parameter':<10} {'unit':<{width}} {'start':>12} {'recovered':>12} "
+              f"{'true':>12} {'start err':>11} {'error':>11}")
+    if spread:
+        header += f" {'± std err':>11} {'95 % interval':<{span}}"
+    lines = [header.rstrip()]
     for r in rows:
-        lines.append(f"{r['name']:<10} {r.get('unit') or '':<{width}} {num(r['start']):>12} "
-                     f"{num(r['recovered']):>12} {num(r['true']):>12} "
-                     f"{format_percent(r['start_rel_error']):>11} "
-                     f"{format_percent(r['rel_error']):>11}")
+        line = (f"{r['name']:<10} {r.get('unit') or '':<{width}} {num(r['start']):>12} "
+                f"{num(r['recovered']):>12} {num(r['true']):>12} "
+                f"{format_percent(r['start_rel_error']):>11} "
+                f"{format_percent(r['rel_error']):>11}")
+        if spread:
+            line += (f" {num(r.get('std_error')):>11} {interval(r):<{span}}"
+                     + (f"  {r['flag']}" if r.get("flag") else ""))
+        lines.append(line.rstrip())
     return "\n".join(lines)
 
 

@@ -48,14 +48,16 @@ def _against(a: Any, b: Any) -> jnp.ndarray:
 
 
 def trajectory_terms(chain: LossChain, x0: Any, params: Any, tangents: Any, data: Any,
-                     n_steps: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+                     n_steps: int, x0_tangents: Any = None,
+                     ) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """(L, g, G) of one experiment: ``params`` the physical parameters, ``tangents`` their
     derivatives with respect to the k unconstrained ones (each leaf with a leading k axis);
-    the initial state does not depend on them."""
+    ``x0_tangents`` those of the initial state (default: zero, it does not depend on them)."""
     k = jax.tree.leaves(tangents)[0].shape[0]
     dtype = jnp.result_type(*jax.tree.leaves(x0))
     zero = (jnp.zeros((), dtype), jnp.zeros((k,), dtype), jnp.zeros((k, k), dtype))
-    state_tangents = jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), x0)
+    state_tangents = (jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), x0)
+                      if x0_tangents is None else x0_tangents)
 
     def add_cost(x, dx, n, acc):
         def terms():
@@ -86,11 +88,17 @@ def trajectory_terms(chain: LossChain, x0: Any, params: Any, tangents: Any, data
     return add_cost(x, dx, n_steps, acc)
 
 
-def gauss_newton(problem: Any) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
+def gauss_newton(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
     """``curvature(theta, batch) -> (loss, gradient, G)`` for ``problem`` (a
     :class:`pdefit.problem.FitProblem`): the gradient as a pytree like ``theta``, G over
     ``theta["params"]`` flattened in ``ravel_pytree`` order; the penalty's exact Hessian is
-    added. Scalar parameters only, on one device."""
+    added. Scalar parameters only, on one device.
+
+    ``curvature(theta, batch, x0_directions)`` also carries m directions of the initial
+    state (a pytree like it, each leaf with a leading m axis before the experiment axis) as
+    tangents after the k parameters: G is then (k + m) × (k + m), its block [:k, k:] the
+    data part 2·Jᵀ A J_x d of the loss's Gauss–Newton matrix (J_x d: the residuals' response
+    to direction d of the initial state; the penalty does not see it)."""
     if problem.fitted_fields:
         raise ValueError("levenberg_marquardt fits scalar parameters only; with fitted initial "
                          f"fields {list(problem.fitted_fields)} use optim=adam or optim=lbfgs")
@@ -102,7 +110,7 @@ def gauss_newton(problem: Any) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
     if not problem.layout.fitted:
         raise ValueError("levenberg_marquardt needs at least one fitted parameter")
 
-    def curvature(theta, batch):
+    def curvature(theta, batch, x0_directions=None):
         flat, unravel = ravel_pytree(theta["params"])
         k = flat.shape[0]
 
@@ -113,23 +121,33 @@ def gauss_newton(problem: Any) -> Callable[[Any, Any], tuple[Any, Any, Any]]:
         tangents = jax.vmap(lambda e: jax.jvp(physical, (flat,), (e,))[1])(
             jnp.eye(k, dtype=flat.dtype))
         x0 = problem.initial_state(theta, batch)
+        x0_tangents = jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), x0)
+        if x0_directions is not None:
+            m = jax.tree.leaves(x0_directions)[0].shape[0]
+            tangents = jax.tree.map(lambda t: jnp.concatenate(
+                [t, jnp.zeros((m, *t.shape[1:]), t.dtype)]), tangents)
+            x0_tangents = jax.tree.map(lambda z, d: jnp.concatenate([z, d.astype(z.dtype)]),
+                                       x0_tangents, x0_directions)
         obs = batch.observed
         # Plain stencils: the self-adjoint VJP rule has no forward mode.
         chain = problem.chain(dataclasses.replace(problem.grid, self_adjoint_vjp=False))
 
-        def one(x0_e, values_e, weights_e, scale_e):
+        def one(x0_e, dx0_e, values_e, weights_e, scale_e):
             data = ObservedData(values_e, weights_e, scale_e, obs.slot_of_step)
-            return trajectory_terms(chain, x0_e, params, tangents, data, problem.n_steps)
+            return trajectory_terms(chain, x0_e, params, tangents, data, problem.n_steps,
+                                    dx0_e)
 
-        values, grads, matrices = jax.vmap(one)(x0, obs.values, obs.weights, obs.scale)
+        values, grads, matrices = jax.vmap(one, in_axes=(0, 1, 0, 0, 0))(
+            x0, x0_tangents, obs.values, obs.weights, obs.scale)
         n_exp = values.shape[0]
 
         def penalty(f):
             return problem.penalty({**theta, "params": unravel(f)})
 
         loss = jnp.sum(values) / n_exp + penalty(flat)
-        grad = jnp.sum(grads, axis=0) / n_exp + jax.grad(penalty)(flat)
-        matrix = jnp.sum(matrices, axis=0) / n_exp + jax.hessian(penalty)(flat)
+        grad = jnp.sum(grads, axis=0)[:k] / n_exp + jax.grad(penalty)(flat)
+        matrix = jnp.sum(matrices, axis=0) / n_exp
+        matrix = matrix.at[:k, :k].add(jax.hessian(penalty)(flat))
         gradient = {**jax.tree.map(jnp.zeros_like, theta), "params": unravel(grad)}
         return loss, gradient, matrix
 

@@ -1,0 +1,236 @@
+"""Standard errors and 95 % intervals of fitted parameters (pdefit.uncertainty): the covariance
+against a direct Jacobian of the residuals, coverage over noise seeds through a real
+Levenberg–Marquardt fit, the 1/√frames shrinkage, and flags on parameters the data do not
+determine."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.flatten_util import ravel_pytree
+
+from pdefit.adjoint import StoreAll
+from pdefit.config import OptimConfig
+from pdefit.gauss_newton import gauss_newton
+from pdefit.grid import Grid
+from pdefit.integrate import simulate
+from pdefit.observe import Observation, observed_data
+from pdefit.params import ParameterLayout
+from pdefit.problem import Batch, FitProblem, Regularization
+from pdefit.system import stepper
+from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
+from pdefit.train import run_fit
+from pdefit.uncertainty import NOT_CONVERGED, NOT_DETERMINED, estimate
+from tests.helpers import ap_state
+
+DT = 0.05
+SIGMA = 0.01
+GRID = Grid((12, 12), (1.0, 1.0), ("neumann", "neumann"))
+# Plain stencils: forward mode (jax.jacfwd) cannot go through the self-adjoint VJP rule.
+PLAIN_GRID = Grid(GRID.shape, GRID.spacing, GRID.boundaries, self_adjoint_vjp=False)
+NO_PENALTY = Regularization()
+
+
+def trajectory(x0, n_steps, params=None):
+    """AP states at every step, (n_steps + 1, ny, nx) per field (the true parameters unless
+    ``params`` are given)."""
+    params = {k: jnp.asarray(v) for k, v in AP96.items()} if params is None else params
+    return simulate(stepper(AlievPanfilov(), PLAIN_GRID, "euler"), x0, params, 0.0, DT,
+                    n_steps, 1)
+
+
+def initial_state():
+    return {k: v[0] for k, v in ap_state(GRID).items()}
+
+
+def noisy_problem(fitted, frame_steps, noise_seed=0, sigma=SIGMA, x0=None,
+                  field_weights=(), regularization=NO_PENALTY, truth=None):
+    """AP on 12², u and v observed at ``frame_steps`` with additive noise, known initial
+    state: (problem, batch, theta at the truth, raw observed values)."""
+    x0 = initial_state() if x0 is None else x0
+    n_steps = frame_steps[-1]
+    states = trajectory(x0, n_steps) if truth is None else truth
+    rng = np.random.default_rng(noise_seed)
+    values = {f: np.asarray(states[f])[None, frame_steps] for f in ("u", "v")}
+    values = {f: v + sigma * rng.standard_normal(v.shape) for f, v in values.items()}
+    observation = Observation(("u", "v"), field_weights=tuple(field_weights))
+    observed = observed_data(observation, values, {"u": None, "v": None}, frame_steps,
+                             n_steps, jnp.float64)
+    layout = ParameterLayout.build(AlievPanfilov().params, AP96, list(fitted))
+    problem = FitProblem(AlievPanfilov(), GRID, DT, "euler", n_steps, layout, observation,
+                         StoreAll(), regularization=regularization)
+    batch = Batch(observed, {f: x0[f][None] for f in ("u", "v")})
+    theta = {"params": {k: jnp.asarray(v) for k, v in layout.unconstrained(AP96).items()},
+             "fields": {}}
+    return problem, batch, theta, values
+
+
+@pytest.mark.parametrize("copied", [False, True], ids=["known-initial-state", "noisy-copy"])
+def test_covariance_equals_the_direct_jacobian_of_the_residuals(copied):
+    """Unequal field weights and an L2 prior (the sandwich's general case): the covariance
+    from forward-tangent sweeps equals σ̂² B⁻¹ M B⁻¹ with J from jax.jacfwd of the residual
+    vector, σ̂² = RSS/(N − p) and M = JᵀA²J; with the initial state a copy of the noisy first
+    frame, its values leave N and M gains (JᵀAJ_x)(JᵀAJ_x)ᵀ (J_x by jax.jacfwd, too)."""
+    frame_steps = list(range(0, 21, 5))
+    weights, prior = {"u": 1.0, "v": 3.0}, 0.02
+    problem, batch, theta, values = noisy_problem(
+        ("k", "a", "mu1"), frame_steps, field_weights=weights.items(),
+        regularization=Regularization(params=prior))
+    if copied:
+        batch = batch._replace(initial={f: jnp.asarray(values[f][:, 0]) for f in values})
+    flat, unravel = ravel_pytree(theta["params"])
+    x0 = {f: batch.initial[f][0] for f in ("u", "v")}
+
+    def residuals(f, x0):
+        states = trajectory(x0, frame_steps[-1], problem.layout.physical(unravel(f)))
+        return jnp.concatenate([(states[g][jnp.asarray(frame_steps)] - values[g][0]).ravel()
+                                for g in ("u", "v")])
+
+    r, jac = np.asarray(residuals(flat, x0)), np.asarray(jax.jacfwd(residuals)(flat, x0))
+    n = r.shape[0] // 2
+    a = np.concatenate([np.full(n, weights["u"] / n), np.full(n, weights["v"] / n)])
+    bread = jac.T @ (a[:, None] * jac) + prior * np.eye(3)
+    meat = jac.T @ (a[:, None] ** 2 * jac)
+    n_values = r.shape[0]
+    if copied:
+        jac_x0 = jax.jacfwd(residuals, argnums=1)(flat, x0)
+        cross = jac.T @ (a[:, None] * np.concatenate(
+            [jac_x0[f].reshape(r.shape[0], -1) for f in ("u", "v")], axis=1))
+        meat = meat + cross @ cross.T
+        n_values -= 2 * 144
+    sigma2 = float(r @ r) / (n_values - 3)
+    inverse = np.linalg.inv(bread)
+    expected = sigma2 * inverse @ meat @ inverse
+
+    result = estimate(problem, theta, batch)
+    assert result["sigma_source"] == "residual" and result["dof"] == n_values - 3
+    assert result["copied_initial_values"] == (2 * 144 if copied else 0)
+    assert result["initial_state_noise"] == ("exact" if copied else None)
+    assert result["sigma"] ** 2 == pytest.approx(sigma2, rel=1e-10)
+    index = unravel(jnp.arange(3))
+    for name, row in result["parameters"].items():
+        sigma_z = np.sqrt(expected[int(index[name]), int(index[name])])
+        # log parameters: physical std error = value · σ_θ, interval mapped from θ-space.
+        assert row["std_error"] == pytest.approx(AP96[name] * sigma_z, rel=1e-7)
+        q = result["quantile"]
+        assert row["ci95_low"] == pytest.approx(AP96[name] * np.exp(-q * sigma_z), rel=1e-9)
+        assert row["ci95_high"] == pytest.approx(AP96[name] * np.exp(q * sigma_z), rel=1e-9)
+    # At the truth, the Gauss–Newton step −B⁻¹JᵀAr (the prior's gradient is zero there) to the
+    # noisy data's optimum, in std errors.
+    step = -inverse @ (jac.T @ (a * r))
+    for name, row in result["parameters"].items():
+        i = int(index[name])
+        assert row["to_optimum"] == pytest.approx(abs(step[i]) / np.sqrt(expected[i, i]),
+                                                  rel=1e-6)
+        assert row["flag"] == ("" if row["to_optimum"] <= 0.5 else
+                               f"{NOT_CONVERGED} ({row['to_optimum']:.2g} std errors)")
+    assert result["near_singular_directions"] == []
+
+
+@pytest.mark.slow
+def test_intervals_cover_the_truth_over_noise_seeds():
+    """Levenberg–Marquardt fits of k and a to 20 noise draws (σ = 0.01 on u and v, noise level
+    estimated from the residual): the 95 % intervals contain the truth in 85–100 % of cases."""
+    frame_steps = list(range(0, 21, 4))
+    fitted = ("k", "a")
+    truth = trajectory(initial_state(), frame_steps[-1])
+    cfg = OptimConfig(name="levenberg_marquardt", steps=15, clip=None, grad_tol=1e-10)
+    covered, total, start = 0, 0, time.perf_counter()
+    for seed in range(20):
+        problem, batch, theta_true, _ = noisy_problem(fitted, frame_steps, noise_seed=seed,
+                                                      truth=truth)
+        theta0 = {**theta_true, "params": {k: v + 0.1 for k, v in theta_true["params"].items()}}
+        _, history = run_fit(problem.loss, theta0, batch, cfg, progress=False,
+                             log=lambda _: None, curvature=gauss_newton(problem))
+        result = estimate(problem, history.best_theta, batch)
+        for name in fitted:
+            row = result["parameters"][name]
+            covered += row["ci95_low"] <= AP96[name] <= row["ci95_high"]
+            total += 1
+            assert row["to_optimum"] < 0.01 and row["flag"] == ""  # converged
+    fraction = covered / total
+    print(f"coverage {covered}/{total} = {fraction:.3f} in {time.perf_counter() - start:.1f} s")
+    assert 0.85 <= fraction <= 1.0
+
+
+def test_standard_errors_shrink_like_one_over_sqrt_frames():
+    """Twice and four times as many frames over the same window (known σ): the standard errors
+    shrink by √2 and 2 within 20 %."""
+    errors = []
+    for every in (8, 4, 2):
+        frame_steps = list(range(0, 33, every))
+        problem, batch, theta, _ = noisy_problem(("k", "a", "eps0"), frame_steps)
+        result = estimate(problem, theta, batch, sigma=SIGMA)
+        assert result["sigma_source"] == "dataset"
+        errors.append({n: r["std_error"] for n, r in result["parameters"].items()})
+    for name in errors[0]:
+        for finer, expected in ((1, np.sqrt(2)), (2, 2.0)):
+            ratio = errors[0][name] / errors[finer][name]
+            assert ratio == pytest.approx(expected, rel=0.2), (name, finer, ratio)
+
+
+def test_a_parameter_the_data_do_not_see_is_flagged():
+    """A spatially uniform state never diffuses, so D has no effect on the observed window: D
+    is flagged and named in a near-singular direction, k still gets an interval."""
+    x0 = {"u": jnp.full((12, 12), 0.6), "v": jnp.full((12, 12), 0.05)}
+    problem, batch, theta, _ = noisy_problem(("D", "k"), list(range(0, 21, 5)), x0=x0)
+    result = estimate(problem, theta, batch)
+    assert result["parameters"]["D"]["flag"] == NOT_DETERMINED
+    assert result["parameters"]["D"]["ci95_low"] is None
+    assert [list(d["parameters"]) for d in result["near_singular_directions"]] == [["D"]]
+    assert result["condition_number"] is None
+    k = result["parameters"]["k"]
+    # Evaluated at the truth, not at the noisy data's optimum: k may be flagged for that only.
+    assert k["flag"] == "" or k["flag"].startswith(NOT_CONVERGED)
+    assert result["flagged"] == (["D"] if k["flag"] == "" else ["D", "k"])
+    assert 0 < k["ci95_low"] < AP96["k"] * 1.5 and k["ci95_high"] > k["ci95_low"]
+
+
+def test_fit_command_prints_and_writes_intervals(tmp_path, capsys):
+    """pdefit-fit on a small noisy AP dataset: the final table has the std error and 95 %
+    interval columns, summary.json the uncertainty block with the dataset's noise level;
+    fit.uncertainty=false leaves them out."""
+    from hydra import compose, initialize_config_dir
+
+    from pdefit import cli
+
+    conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
+    overrides = ["system.grid.shape=[16,16]", "+system.options.initial=blobs",
+                 "simulate.n_frames=4", "simulate.steps_per_frame=10",
+                 "simulate.noise.kind=additive", f"simulate.noise.sigma={SIGMA}",
+                 "run.progress=false", "run.plots=false", "optim=levenberg_marquardt",
+                 "optim.steps=6", "fit.params=[k,a]", "precision=float64"]
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        on = compose(config_name="fit", overrides=[f"run.dir={tmp_path / 'on'}", *overrides])
+        off = compose(config_name="fit", overrides=[f"run.dir={tmp_path / 'off'}",
+                                                    *overrides, "fit.uncertainty=false"])
+    summary = cli.fit(on)
+    table = capsys.readouterr().out.splitlines()
+    header = next(line for line in table if line.startswith("parameter"))
+    assert "± std err" in header and "95 % interval" in header
+    saved = json.loads((tmp_path / "on" / "summary.json").read_text())["uncertainty"]
+    assert saved == json.loads(json.dumps(summary["uncertainty"]))
+    assert saved["available"] and saved["sigma_source"] == "dataset"
+    assert saved["sigma"] == pytest.approx(SIGMA)
+    # Frame 0 is the initial state read from the data: its copied values are not counted.
+    assert saved["dof"] == 3 * 2 * 16 * 16 - 2
+    assert saved["copied_initial_values"] == 2 * 16 * 16
+    assert saved["initial_state_noise"] == "exact"
+    for row in summary["parameters"]:
+        bounds = saved["parameters"][row["name"]]
+        assert bounds["ci95_low"] < row["recovered"] < bounds["ci95_high"]
+        assert row["ci95_low"] == bounds["ci95_low"]
+        line = next(x for x in table if x.startswith(row["name"] + " "))
+        printed = re.search(r"\[(\S+), (\S+)\]", line).groups()
+        assert [float(x) for x in printed] == pytest.approx(
+            [bounds["ci95_low"], bounds["ci95_high"]], rel=1e-4)
+    assert cli.fit(off)["uncertainty"] == {"available": False,
+                                           "reason": "fit.uncertainty=false"}
+    assert "95 % interval" not in capsys.readouterr().out
