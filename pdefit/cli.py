@@ -221,6 +221,8 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         _write_atomic(out / "summary.json", json.dumps(summary, indent=2))
     if rows:
         print(format_table(rows))
+    if uncertainty.get("note"):
+        print(f"parameter intervals: {uncertainty['note']}")
     if summary["mean_rel_error"] is not None:
         print(f"{format_error_summary(summary)}  (loss {losses[0]:.3e} → "
               f"{history.best_loss:.3e}, {wall:.1f} s)")

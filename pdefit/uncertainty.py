@@ -69,6 +69,12 @@ POORLY_DETERMINED = "poorly determined (std error > 100 %)"
 # A fit whose Gauss–Newton step to the optimum exceeds this many std errors has not converged
 # as far as its intervals assume (they are centred on the optimum).
 STEP_LIMIT = 0.5
+# A residual this many float32 rounding steps of the data's RMS or less is rounding, not noise
+# (datasets store float32): the fit reproduces its data to their precision, the intervals only
+# measure that rounding, and "how far from the optimum" is not meaningful.
+ROUNDOFF_STEPS = 100
+ROUNDOFF_NOTE = ("the residual is at the data's rounding level (noise-free data fitted to "
+                 "their float32 precision): the intervals reflect rounding only")
 NOT_CONVERGED = "optimum not reached"
 # The response of the residuals to a noisy initial state: exact (one tangent per value) up to
 # this many values, else estimated from this many random directions (about 25 % error).
@@ -281,6 +287,19 @@ def _mapped(spec: Any, z: float, half_width: float) -> tuple[float, float, list[
     return float(value), float(slope), ends
 
 
+def data_rms(batch: Batch) -> float:
+    """Root mean square of the observed values (every observed field, missing points out)."""
+    total = sum(float(jnp.sum(w * v**2)) for v, w in
+                zip(batch.observed.values.values(), batch.observed.weights.values(), strict=True))
+    count = sum(float(jnp.sum(w)) for w in batch.observed.weights.values())
+    return math.sqrt(total / count) if count else 0.0
+
+
+def at_roundoff(sigma: float, batch: Batch) -> bool:
+    """Whether a residual-estimated noise level ``sigma`` is only the data's float32 rounding."""
+    return sigma <= ROUNDOFF_STEPS * float(np.finfo(np.float32).eps) * data_rms(batch)
+
+
 def known_sigma(noise: Mapping[str, Any] | None) -> float | None:
     """The noise level a dataset records, where it is the additive noise the covariance
     assumes (relative noise is not: its variance changes from value to value)."""
@@ -316,6 +335,7 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
     cov = sigma2 * inverse @ parts.meat @ inverse
     # The Gauss–Newton step to the optimum: an unconverged fit is that far from the centre.
     step = -0.5 * inverse @ parts.gradient
+    roundoff = source == "residual" and at_roundoff(math.sqrt(sigma2), batch)
     names = [None] * p
     for name, i in unravel(jnp.arange(p)).items():
         names[int(i)] = name
@@ -323,9 +343,11 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
               "parameters": {names[j]: float(v[j]) for j in np.flatnonzero(v**2 >= SHARE)}}
              for v, r in zip(directions, ratios, strict=True)]
     undetermined = sorted({n for d in named for n in d["parameters"]})
-    intervals = parameter_intervals(problem, theta, cov, quantile, undetermined, step)
+    intervals = parameter_intervals(problem, theta, cov, quantile, undetermined,
+                                    None if roundoff else step)
     return {
         "available": True, "level": LEVEL, "sigma": math.sqrt(sigma2), "sigma_source": source,
+        "residual_at_roundoff": roundoff, "note": ROUNDOFF_NOTE if roundoff else None,
         "n_values": n_values, "n_parameters": p, "dof": dof, "rss": parts.rss,
         "quantile": quantile, "condition_number": condition if math.isfinite(condition)
         else None, "rcond": rcond, "near_singular_directions": named,

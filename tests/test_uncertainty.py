@@ -27,7 +27,14 @@ from pdefit.problem import Batch, FitProblem, Regularization
 from pdefit.system import stepper
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 from pdefit.train import run_fit
-from pdefit.uncertainty import NOT_CONVERGED, NOT_DETERMINED, estimate
+from pdefit.uncertainty import (
+    NOT_CONVERGED,
+    NOT_DETERMINED,
+    ROUNDOFF_NOTE,
+    at_roundoff,
+    data_rms,
+    estimate,
+)
 from tests.helpers import ap_state
 
 DT = 0.05
@@ -234,3 +241,29 @@ def test_fit_command_prints_and_writes_intervals(tmp_path, capsys):
     assert cli.fit(off)["uncertainty"] == {"available": False,
                                            "reason": "fit.uncertainty=false"}
     assert "95 % interval" not in capsys.readouterr().out
+
+
+def test_noise_free_fit_is_reported_at_rounding_level(tmp_path, capsys):
+    """Noise-free data fitted to their float32 precision: σ from the residual is rounding, so
+    the output says so instead of flagging every parameter as short of its optimum; a noise
+    level of the data's 1 % is not rounding."""
+    from hydra import compose, initialize_config_dir
+
+    from pdefit import assemble, cli
+
+    conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"):
+        cfg = compose(config_name="fit", overrides=[
+            f"run.dir={tmp_path}", "system.grid.shape=[16,16]", "+system.options.initial=blobs",
+            "simulate.n_frames=4", "simulate.steps_per_frame=10", "run.progress=false",
+            "run.plots=false", "optim=levenberg_marquardt", "optim.steps=12",
+            "fit.params=[k,a]", "precision=float32"])
+    summary = cli.fit(cfg)
+    block = summary["uncertainty"]
+    assert block["sigma_source"] == "residual" and block["residual_at_roundoff"]
+    assert block["note"] == ROUNDOFF_NOTE and ROUNDOFF_NOTE in capsys.readouterr().out
+    assert not any(NOT_CONVERGED in r["flag"] for r in block["parameters"].values())
+    setup = assemble.build_fit(cfg, tmp_path / "data.zarr", assemble.set_precision("float32"))
+    scale = data_rms(setup.batch)
+    assert 0.1 < scale < 10
+    assert at_roundoff(block["sigma"], setup.batch) and not at_roundoff(0.01 * scale, setup.batch)
