@@ -187,9 +187,14 @@ def _barrier(name: str) -> None:
         multihost_utils.sync_global_devices(name)
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temporary file and a rename, so readers (the sweep summary, a
-    resumed run) never see half a file."""
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write through a temporary file and a rename, so readers (the sweep summary, a resumed
+    run) never see half a file."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2))
+    tmp.write_text(text)
     tmp.replace(path)
+
+
+def write_json_atomic(path: Path, data: Any) -> None:
+    """:func:`write_text_atomic` of ``data`` as indented JSON."""
+    write_text_atomic(path, json.dumps(data, indent=2))

@@ -16,11 +16,17 @@ import hydra
 import jax
 import numpy as np
 from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from . import assemble, batch, parallel
 from . import data as zd
-from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
+from .checkpoint import (
+    CHECKPOINT_DIR,
+    CheckpointOptions,
+    write_json_atomic,
+    write_text_atomic,
+)
 from .config import CONF_DIR, register_configs
 from .evaluate import (
     describe_loss,
@@ -38,7 +44,7 @@ from .influence import format_ranking, rank_parameters, write_ranking
 from .initial_fields import evaluate_initial_fields, format_errors
 from .integrate import simulate
 from .progress import ProgressOptions
-from .rundir import open_run_record, plain_config, register_resolvers, simulated_dataset
+from .rundir import open_run_record, output_dir, plain_config, register_resolvers, simulated_dataset
 from .signals import FIT_SIGNALS, PreemptionFlag, signal_name
 from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
@@ -49,15 +55,6 @@ from .validate import validate_fit
 log = logging.getLogger("pdefit")
 register_configs()
 register_resolvers()
-
-
-def _output_dir(cfg: DictConfig) -> Path:
-    """Hydra's output directory under Hydra (it is run.dir when given, see conf/fit.yaml; a
-    sweep point's own directory), else run.dir."""
-    out = (Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized()
-           else Path(cfg.run.dir))
-    out.mkdir(parents=True, exist_ok=True)
-    return out
 
 
 def _start_processes(cfg: DictConfig) -> None:
@@ -164,7 +161,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
             preemption.stop_if_requested(what, log.warning)
 
     stop_if_signalled("during start-up")
-    out = _output_dir(cfg)
+    out = output_dir(cfg)
     _refuse_mismatched_resume(cfg, out)  # before the run directory is touched
     open_run_record(out, cfg)
     dataset = _dataset_for(cfg, out, dtype)
@@ -172,7 +169,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     stages = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
     lead = jax.process_index() == 0  # one process writes the shared run directory's files
     if lead:
-        _write_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     theta, losses, wall, first = None, [], 0.0, None
     for index, frames in enumerate(stages):
         stage_cfg = cfg
@@ -218,7 +215,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
     if lead:
-        _write_atomic(out / "summary.json", json.dumps(summary, indent=2))
+        write_json_atomic(out / "summary.json", summary)
     if rows:
         print(format_table(rows))
     if uncertainty.get("note"):
@@ -235,12 +232,6 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         log.warning(f"{signal_name(preemption.signum)} arrived after the last step: the fit "
                     "and its outputs are complete, exiting normally")
     return summary
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
 
 
 def _has_checkpoints(out: Path) -> bool:
@@ -411,13 +402,17 @@ def fit_main(cfg: DictConfig) -> None:
     # Signals are held from here to the exit of the process (and from the package import
     # before, see pdefit.signals.hold_early): checkpoint and exit 75 (130 for Ctrl-C), never
     # die midway. Once the fit has ended they are ignored: one during the interpreter's
-    # shutdown must not turn a decided exit status into a death by signal (in a multirun the
-    # next job installs its own flag).
+    # shutdown must not turn a decided exit status into a death by signal. In a multirun the
+    # process goes on (to the next point, or back to the sweep): the handlers from before are
+    # given back instead.
     flag = PreemptionFlag(FIT_SIGNALS).__enter__()
     try:
         fit(cfg, flag)
     finally:
-        flag.ignore_from_now()
+        if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+            flag.__exit__(None, None, None)
+        else:
+            flag.ignore_from_now()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -426,7 +421,7 @@ def fit_main(cfg: DictConfig) -> None:
 def gradcheck(cfg: DictConfig) -> list[dict[str, float]]:
     """Taylor test of the configured problem's gradient at its starting point."""
     dtype = assemble.set_precision(cfg.precision)
-    out = _output_dir(cfg)
+    out = output_dir(cfg)
     open_run_record(out, cfg)
     setup = assemble.build_fit(cfg, _dataset_for(cfg, out, dtype), dtype)
     loss = jax.jit(setup.problem.loss)
@@ -461,7 +456,7 @@ def rank(cfg: DictConfig) -> list[dict[str, Any]]:
     """Rank the system's parameters by how much the simulated window (``simulate.*``, first
     experiment's seed) moves when each is multiplied by ``rank.factor``."""
     dtype = assemble.set_precision(cfg.precision)
-    out = _output_dir(cfg)
+    out = output_dir(cfg)
     open_run_record(out, cfg)
     system, grid = assemble.make_system(cfg.system), assemble.make_grid(cfg.system)
     params = assemble.system_params(system, cfg.system.params)

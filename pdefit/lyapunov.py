@@ -22,21 +22,19 @@ from __future__ import annotations
 import json
 import math
 import time
-from pathlib import Path
 from typing import Any
 
 import hydra
 import jax
 import jax.numpy as jnp
 import numpy as np
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from . import assemble
 from .config import CONF_DIR, register_configs
 from .evaluate import format_lyapunov, lyapunov_estimate
 from .forecast import advance, perturbed_twins, rms_separation, unrelated_separation
-from .rundir import open_run_record, register_resolvers
+from .rundir import open_run_record, output_dir, register_resolvers
 from .system import stepper
 
 register_configs()
@@ -188,9 +186,7 @@ def lyapunov_main(cfg: DictConfig) -> None:
     Example:
       pdefit-lyapunov experiment=rb_temperature_from_velocity"""
     result = estimate(cfg)
-    out = Path(cfg.run.dir) if cfg.get("run") and cfg.run.dir else Path(
-        HydraConfig.get().runtime.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = output_dir(cfg)
     open_run_record(out, cfg)
     (out / "lyapunov.json").write_text(json.dumps(result, indent=2))
     print(format_estimate(result))

@@ -45,7 +45,8 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@%:()~-]")
 MAX_NAME = 120
 # Keys that change how a run is driven, not what it computes: a resumed run may change them
 # (a requeued job may land on another mesh shape or process count).
-DRIVING_KEYS = ("run.", "mesh.", "distributed.", "rank.", "evaluate.")
+DRIVING_KEYS = ("run.", "mesh.", "distributed.", "rank.", "evaluate.",
+                "fit.uncertainty")  # the end report only (and absent from older runs)
 # Keys that only say when to stop: a finished (or stopped) run may be continued with more
 # optim.steps or other stopping tolerances. With a decaying learning-rate schedule the
 # schedule is recomputed for the new step count from the step reached.
@@ -209,6 +210,8 @@ class DeferredRunLog(logging.handlers.MemoryHandler):
                          flushOnClose=False)
 
     def shouldFlush(self, record: logging.LogRecord) -> bool:  # noqa: N802 (logging's name)
+        if self.target is None and len(self.buffer) > self.capacity:
+            del self.buffer[0]  # never opened (another process, a refused run): keep the last
         return self.target is not None
 
     def open(self, path: Path) -> None:
@@ -216,6 +219,17 @@ class DeferredRunLog(logging.handlers.MemoryHandler):
         target.setFormatter(self.formatter)
         self.setTarget(target)
         self.flush()
+
+
+def output_dir(cfg: Any) -> Path:
+    """The command's run directory, created: Hydra's output directory under Hydra (it is
+    run.dir when given, see conf/fit.yaml; a sweep point's own directory), else run.dir."""
+    from hydra.core.hydra_config import HydraConfig
+
+    out = (Path(HydraConfig.get().runtime.output_dir) if HydraConfig.initialized()
+           else Path(cfg.run.dir))
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def open_run_record(out: Path, cfg: Any) -> None:

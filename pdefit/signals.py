@@ -188,6 +188,11 @@ def preemption_flag(flag: PreemptionFlag | None = None) -> Iterator[PreemptionFl
         yield active
 
 
+# Command-line flags with which the console script runs no fit in this process.
+NOT_A_FIT = frozenset({"-m", "--multirun", "-h", "--help", "--hydra-help", "-c", "--cfg",
+                       "--info", "--shell-completion", "-sc"})
+
+
 def hold_early(program: str = "pdefit-fit") -> PreemptionFlag | None:
     """Record :data:`FIT_SIGNALS` from now on when this process is ``program`` (the console
     script), so that one arriving during the imports is acted on, not fatal. The flag stays
@@ -197,6 +202,8 @@ def hold_early(program: str = "pdefit-fit") -> PreemptionFlag | None:
 
     if not sys.argv or Path(sys.argv[0]).name != program:
         return None
+    if NOT_A_FIT.intersection(sys.argv[1:]):
+        return None  # a sweep's submitting process, --help, --cfg: keep the default actions
     flag = PreemptionFlag(FIT_SIGNALS)
     flag.__enter__()
     return flag

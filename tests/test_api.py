@@ -16,6 +16,7 @@ import pdefit
 from pdefit import assemble
 from pdefit.config import register_configs
 from pdefit.data import DatasetError
+from pdefit.train import ResumeMismatchError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")
@@ -100,6 +101,13 @@ def test_fit_with_a_run_directory_resumes(ap_zarr, tmp_path):
     again = pdefit.fit(setup, optimizer="adam", steps=4, lr=0.05, run_dir=tmp_path)
     assert first.steps == 2 and again.steps == 4 and again.history.restarts == 1
     assert again.losses[:2] == first.losses[:2]
+    # Another start or optimiser is not continued from these checkpoints.
+    other = pdefit.build_problem("aliev_panfilov", ap_zarr, fit=["k"], start={"k": 7.0},
+                                 frames=[0, 1])
+    with pytest.raises(ResumeMismatchError, match=r"start\.k: 6\.0 → 7\.0"):
+        pdefit.fit(other, optimizer="adam", steps=4, lr=0.05, run_dir=tmp_path)
+    with pytest.raises(ResumeMismatchError, match=r"optim\.lr"):
+        pdefit.fit(setup, optimizer="adam", steps=4, lr=0.1, run_dir=tmp_path)
 
 
 def test_api_rejects_bad_input_before_compiling(ap_zarr):
