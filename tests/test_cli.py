@@ -24,7 +24,7 @@ from pdefit.config import register_configs
 from pdefit.grid import Grid
 from pdefit.influence import rank_parameters
 from pdefit.progress import Progress, ProgressOptions
-from systems.aliev_panfilov import AP96, AlievPanfilov
+from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parent.parent

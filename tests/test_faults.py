@@ -86,13 +86,28 @@ def start_driver(spec: dict[str, Any], env: dict[str, str], cwd: Path):
 # Signals outside the step loop.
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler for ``sig`` (Linux: SigCgt in /proc)."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    mask = next(int(line.split()[1], 16) for line in status.splitlines()
+                if line.startswith("SigCgt:"))
+    return bool(mask >> (sig - 1) & 1)
+
+
 def test_signal_during_the_imports_exits_75_with_nothing_written(tmp_path, env):
     """The console script, signalled while it is still importing JAX: it used to die of the
     signal (138, status.json left "running"); now it exits 75 and leaves nothing behind."""
     run_dir = tmp_path / "run"
     child = subprocess.Popen(pdefit_fit(run_dir), env=env, cwd=tmp_path,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(0.3)
+    # Signal as soon as the process catches SIGUSR1 (pdefit's first import installs the
+    # handler), so the signal lands inside the imports however loaded the machine is.
+    deadline = time.monotonic() + 60
+    while not _catches(child.pid, signal.SIGUSR1) and time.monotonic() < deadline:
+        time.sleep(0.005)
     child.send_signal(signal.SIGUSR1)
     _, err = child.communicate(timeout=120)
     assert child.returncode == PREEMPTED_EXIT_CODE, err[-2000:]

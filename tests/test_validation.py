@@ -56,7 +56,7 @@ def test_bad_setting_is_refused_before_anything_is_written(tmp_path, no_training
         cli.fit(config(run_dir, *overrides))
     assert message in str(err.value)
     assert not run_dir.exists()  # refused before the run directory was made
-    assert time.perf_counter() - started < 5
+    assert time.perf_counter() - started < 20  # nothing compiled (Hydra compose included)
 
 
 def test_grid_too_small_for_the_initial_state_warns(tmp_path):
