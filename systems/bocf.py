@@ -376,7 +376,8 @@ class BOCF:
         (u falling below 0.5) has passed that column in the middle row: the S2 wave can only
         spread into the recovered tissue behind S1, and its free end at the S1 refractory tail
         curls into a spiral. Timing from the measured wave back makes the protocol the same for
-        any grid and D. The state ``init_settle`` ms after S2 is returned."""
+        any grid and D. The state ``init_settle`` ms after S2 is returned; a ValueError if
+        the tissue is at rest by then (too small a grid for a spiral, e.g. 32² at D = 0.1)."""
         dtype = state["u"].dtype
         ny, nx = grid.shape
         rows = jnp.arange(ny)[:, None]
@@ -414,4 +415,10 @@ class BOCF:
         if float(elapsed) >= limit_ms:
             raise ValueError("initial='s1s2': the S1 wave never passed the S2 column "
                              f"(s2_at={self.s2_at}); the tissue does not conduct")
+        if not bool(jnp.any(state["u"] > 0.5)):
+            # The spiral needs room for its core and wavelength: at D = 0.1 grid²/ms 48² holds
+            # one, 32² does not (the length scales like √D).
+            raise ValueError(f"initial='s1s2': the tissue is at rest {self.init_settle:g} ms "
+                             f"after S2 on this {ny}×{nx} grid; it is too small for a spiral "
+                             "at this D (use a larger grid, a smaller D or initial='stimuli')")
         return state

@@ -224,3 +224,11 @@ def test_s1s2_state_keeps_reentry_alive():
 def test_s1s2_options_are_validated(options, named):
     with pytest.raises(ValueError, match=named):
         BOCF(**{"initial": "s1s2", **options})
+
+
+def test_s1s2_says_when_the_grid_is_too_small_for_a_spiral():
+    # At D = 0.1 a 32² tissue cannot hold the spiral's core and wavelength (48² can).
+    system = BOCF(parameter_set="TNNP", laplacian="9pt", initial="s1s2")
+    params = {**parameter_values("TNNP"), "D": 0.1}
+    with pytest.raises(ValueError, match="too small for a spiral"):
+        system.initial_state(Grid((32, 32), (1.0, 1.0), NEUMANN), params, seed=0, dt=DT)
