@@ -169,7 +169,9 @@ class BOCF:
       over ``init_duration`` ms: broken fronts and spirals; the default is the seed paper's
       protocol, 30 stimuli each followed by 150 ms)
       or ``"rest"``; ``init_square`` is the side of a square in cells (0: a tenth of the
-      smaller grid side, at least 2).
+      smaller grid side, at least 2). ``"s1s2"``: a cross-field S1–S2 spiral (``_s1s2_state``;
+      ``s2_at``, ``s2_delay``, ``init_settle``), which lasts at the seed paper's settings
+      where the random stimuli die out (128², D = 0.1 and 512², D = 0.2).
     - ``heaviside_width`` (0 = the published, sharp model): H(x) becomes the logistic ramp
       1/(1 + e^(−x/width)). In discrete time a cell whose crossing of a threshold moves by one
       step changes its gates by a finite jump, so the sharp model's loss is a staircase at
@@ -187,6 +189,9 @@ class BOCF:
     init_stimuli: int = 30
     init_duration: float = 4500.0
     init_square: int = 0
+    s2_at: float = 0.5
+    s2_delay: float = 0.0
+    init_settle: float = 200.0
     heaviside_width: float = 0.0
 
     name: ClassVar[str] = "bocf"
@@ -207,12 +212,17 @@ class BOCF:
     def __post_init__(self) -> None:
         check_option("parameter set", self.parameter_set, list(PARAMETER_SETS_ORDER))
         check_option("Laplacian", self.laplacian, sorted(LAPLACIANS))
-        check_option("initial-state generator", self.initial, ("stimuli", "rest"))
+        check_option("initial-state generator (initial)", self.initial, ("stimuli", "s1s2", "rest"))
         if self.stimulus_amplitude and not (
                 self.stimulus_period > 0 and 0 < self.stimulus_duration <= self.stimulus_period):
             raise ValueError("the stimulus needs period > 0 and 0 < duration <= period")
         if self.init_stimuli < 0 or self.init_duration < 0 or self.init_square < 0:
             raise ValueError("init_stimuli, init_duration and init_square must be >= 0")
+        if not 0 < self.s2_at < 1:
+            raise ValueError(f"s2_at must lie strictly between 0 and 1, got {self.s2_at}")
+        for name in ("s2_delay", "init_settle"):
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if not self.heaviside_width >= 0:
             raise ValueError(f"heaviside_width must be >= 0, got {self.heaviside_width}")
 
@@ -321,23 +331,31 @@ class BOCF:
         return {f: jnp.full(grid.shape, value, dtype) for f, value in self.rest.items()}
 
     def initial_state(self, grid: Grid, params, seed: int, dt: float | None = None):
+        """The state at t = 0 from the ``initial`` protocol: ``"rest"``, ``"stimuli"``
+        (``_stimuli_state``) or ``"s1s2"`` (``_s1s2_state``, deterministic: ``seed`` unused)."""
+        p = {k: jnp.asarray(v) for k, v in params.items()}
+        dtype = jnp.result_type(*p.values())
+        state = self.resting_state(grid, dtype)
+        if self.initial == "rest" or (self.initial == "stimuli" and self.init_stimuli == 0):
+            return state
+        dt = dt or min(0.05, 0.5 * self.max_stable_dt(params, grid))
+        step = stepper(dataclasses.replace(self, stimulus_amplitude=0.0), grid, "rush_larsen")
+        if self.initial == "s1s2":
+            return self._s1s2_state(grid, p, state, dt, step)
+        return self._stimuli_state(grid, p, state, dt, step, seed)
+
+    def _stimuli_state(self, grid: Grid, p, state, dt: float, step, seed: int):
         """From rest: ``init_stimuli`` squares of side ``init_square`` (u += 1) at seeded random
         places and evenly spaced times over ``init_duration`` ms, integrated by Rush–Larsen
         between them without the pacing stimulus. Later squares land on partly refractory
         tissue, so fronts break into spirals and chaotic patterns."""
-        p = {k: jnp.asarray(v) for k, v in params.items()}
-        dtype = jnp.result_type(*p.values())
-        state = self.resting_state(grid, dtype)
-        if self.initial == "rest" or self.init_stimuli == 0:
-            return state
+        dtype = state["u"].dtype
         rng = np.random.default_rng(seed)
         ny, nx = grid.shape
         side = self.init_square or max(2, min(ny, nx) // 10)
         corners = np.stack([rng.integers(0, max(ny - side, 0) + 1, self.init_stimuli),
                             rng.integers(0, max(nx - side, 0) + 1, self.init_stimuli)], axis=1)
-        dt = dt or min(0.05, 0.5 * self.max_stable_dt(params, grid))
         steps = max(1, round(self.init_duration / self.init_stimuli / dt))
-        step = stepper(dataclasses.replace(self, stimulus_amplitude=0.0), grid, "rush_larsen")
 
         def one_stimulus(state, corner):
             y0, x0 = corner[0], corner[1]
@@ -350,3 +368,57 @@ class BOCF:
 
         run = jax.jit(lambda s, c: jax.lax.scan(one_stimulus, s, c)[0])
         return run(state, jnp.asarray(corners))
+
+    def _s1s2_state(self, grid: Grid, p, state, dt: float, step):
+        """Cross-field S1–S2 protocol, one spiral: S1 excites the ``max(2, nx // 32)`` leftmost
+        columns (a plane wave travelling +x). S2 (u += 1) excites the lower half (rows ≥ ny/2)
+        left of the column at ``s2_at`` × width, ``s2_delay`` ms after the S1 wave's back
+        (u falling below 0.5) has passed that column in the middle row: the S2 wave can only
+        spread into the recovered tissue behind S1, and its free end at the S1 refractory tail
+        curls into a spiral. Timing from the measured wave back makes the protocol the same for
+        any grid and D. The state ``init_settle`` ms after S2 is returned; a ValueError if
+        the tissue is at rest by then (too small a grid for a spiral, e.g. 32² at D = 0.1)."""
+        dtype = state["u"].dtype
+        ny, nx = grid.shape
+        rows = jnp.arange(ny)[:, None]
+        cols = jnp.arange(nx)[None, :]
+        probe = min(nx - 1, max(1, round(self.s2_at * (nx - 1))))
+        s1 = jnp.broadcast_to(cols < max(2, nx // 32), grid.shape)
+        s2 = (rows >= ny // 2) & (cols <= probe)
+        per_ms = max(1, round(1.0 / dt))
+        # An S1 wave crossing the tissue and recovering takes well under this at any sane D.
+        limit_ms = 20.0 * (nx + 50)
+
+        def advance(state, steps):
+            return jax.lax.fori_loop(0, steps, lambda n, x: step(x, p, 0.0, dt), state)
+
+        def waiting(carry):
+            state, seen, elapsed = carry
+            back_passed = seen & (state["u"][ny // 2, probe] < 0.5)
+            return ~back_passed & (elapsed < limit_ms)
+
+        def one_ms(carry):
+            state, seen, elapsed = carry
+            state = advance(state, per_ms)
+            return state, seen | (state["u"][ny // 2, probe] > 0.5), elapsed + 1.0
+
+        @jax.jit
+        def run(state):
+            state = {**state, "u": state["u"] + s1.astype(dtype)}
+            state, _, elapsed = jax.lax.while_loop(
+                waiting, one_ms, (state, jnp.asarray(False), jnp.asarray(0.0, dtype)))
+            state = advance(state, round(self.s2_delay / dt))
+            state = {**state, "u": state["u"] + s2.astype(dtype)}
+            return advance(state, round(self.init_settle / dt)), elapsed
+
+        state, elapsed = run(state)
+        if float(elapsed) >= limit_ms:
+            raise ValueError("initial='s1s2': the S1 wave never passed the S2 column "
+                             f"(s2_at={self.s2_at}); the tissue does not conduct")
+        if not bool(jnp.any(state["u"] > 0.5)):
+            # The spiral needs room for its core and wavelength: at D = 0.1 grid²/ms 48² holds
+            # one, 32² does not (the length scales like √D).
+            raise ValueError(f"initial='s1s2': the tissue is at rest {self.init_settle:g} ms "
+                             f"after S2 on this {ny}×{nx} grid; it is too small for a spiral "
+                             "at this D (use a larger grid, a smaller D or initial='stimuli')")
+        return state
