@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,8 @@ def format_table(rows: Sequence[Mapping]) -> str:
 
     def interval(r):
         low, high = r.get("ci95_low"), r.get("ci95_high")
-        if low is None:
-            return "—"
+        if low is None or not (math.isfinite(low) and math.isfinite(high)):
+            return "—" if low is None else f"[{low:g}, {high:g}]"
         # Enough significant figures that the ends differ (two on the interval's width).
         size = max(abs(low), abs(high))
         digits = 5 if high <= low or size == 0 else max(

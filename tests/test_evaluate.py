@@ -53,6 +53,10 @@ def test_final_table_in_significant_figures_with_units():
         "mean relative error 12.5 %, median 12.5 %, max 25 %")
     assert [format_percent(x) for x in (0.0, 4.2e-9, 1e-3, 0.25371, None)] == [
         "0 %", "4.2e-07 %", "0.1 %", "25.4 %", "—"]
+    # An interval that could not be computed (NaN curvature on resting tissue) still prints.
+    nan = float("nan")
+    row = {**rows[0], "std_error": nan, "ci95_low": nan, "ci95_high": nan, "flag": ""}
+    assert format_table([row]).splitlines()[1].endswith("[nan, nan]")
 
 
 def test_field_figure_has_colour_bars_residual_rows_and_units():
