@@ -228,18 +228,14 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
 
-    def describe(theta: Any) -> dict[str, Any]:
-        physical = problem.layout.physical(theta["params"])
-        return {n: physical[n] for n in problem.layout.scalars}
-
     # What a resume from run_dir must agree on (the stopping keys of optim may change).
     identity = {"optim": dataclasses.asdict(cfg), "fitted": list(problem.layout.fitted),
                 "fields": list(problem.fitted_fields),
                 "start": {k: float(v) for k, v in setup.start_values.items()},
                 "n_steps": problem.n_steps, "dt": float(problem.dt)}
     state, history = run_fit(
-        problem.loss, setup.theta0, setup.batch, cfg, describe=describe, progress=progress,
-        log=log.info, curvature=curvature, config=identity,
+        problem.loss, setup.theta0, setup.batch, cfg, describe=problem.scalar_values,
+        progress=progress, log=log.info, curvature=curvature, config=identity,
         metrics_path=None if out is None else out / "metrics.jsonl",
         checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR))
     theta = history.best_theta

@@ -195,7 +195,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     physical = {k: v for k, v in problem.physical_params(theta).items()
                 if k in problem.layout.fitted}
     save_fitted(out / FITTED_FILE, theta, physical)  # for pdefit-evaluate and fit.start_from
-    recovered = {k: float(v) for k, v in _describe(problem, theta).items()}
+    recovered = {k: float(v) for k, v in problem.scalar_values(theta).items()}
     uncertainty = _uncertainty(cfg, setup, theta, dataset)
     rows = parameter_table(problem.layout.scalars, first.start_values, recovered,
                            setup.reference,
@@ -253,13 +253,6 @@ def _refuse_mismatched_resume(cfg: DictConfig, out: Path) -> None:
     error = resume_mismatch(saved, plain_config(cfg), out)  # type: ignore[arg-type]
     if error is not None:
         raise error
-
-
-def _describe(problem, theta) -> dict[str, Any]:
-    """Physical values of the fitted shared scalars (arrays and per-experiment values are
-    reported by _system_evaluation)."""
-    physical = problem.layout.physical(theta["params"])
-    return {n: physical[n] for n in problem.layout.scalars}
 
 
 def _uncertainty(cfg: DictConfig, setup: Any, theta: Any, dataset: Path) -> dict[str, Any]:
@@ -337,7 +330,7 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
         except ValueError as err:
             raise assemble.ConfigError(f"optim: {err}") from None
     return run_fit(problem.loss, setup.theta0 if theta0 is None else theta0, setup.batch,
-                   cfg.optim, describe=lambda th: _describe(problem, th),
+                   cfg.optim, describe=problem.scalar_values,
                    metrics_path=out / "metrics.jsonl",
                    progress=_stage_progress(cfg, problem.n_steps, stages or [None], index),
                    log=log.info, checkpoint=checkpoint, resume=cfg.run.resume,

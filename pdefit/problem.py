@@ -139,6 +139,12 @@ class FitProblem:
         """Physical values; per-experiment ones with their experiment axis."""
         return {k: jnp.asarray(v) for k, v in self.layout.physical(theta["params"]).items()}
 
+    def scalar_values(self, theta: Mapping[str, Any]) -> dict[str, jnp.ndarray]:
+        """Physical values of the fitted shared scalars (what the progress line and the final
+        table show; arrays and per-experiment values are reported elsewhere)."""
+        physical = self.layout.physical(theta["params"])
+        return {n: physical[n] for n in self.layout.scalars}
+
     def experiment_params(self, theta: Mapping[str, Any], experiment: int,
                           ) -> dict[str, jnp.ndarray]:
         """The physical parameters one experiment's rollout sees."""

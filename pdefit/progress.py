@@ -47,7 +47,7 @@ class Progress:
                  stream: TextIO | None = None, announce: bool = True) -> None:
         self.total, self.n, self.options = total, initial, options
         self.postfix: dict[str, Any] = {}
-        self._first, self._started = initial, time.perf_counter()
+        self._started = time.perf_counter()
         self._timed_from: tuple[int, float] | None = None  # after the compiling first step
         self._announce = announce
         stream = sys.stderr if stream is None else stream

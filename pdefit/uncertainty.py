@@ -209,8 +209,7 @@ def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureP
                           kind)
 
 
-def near_singular(bread: np.ndarray, rcond: float,
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Eigen-decomposition of ``bread`` scaled to unit diagonal (a zero diagonal, a parameter
     the data never see, stays zero): (scaling d, eigenvalues, eigenvectors, condition number);
     B = diag(1/d) · V Λ Vᵀ · diag(1/d)."""
@@ -227,7 +226,7 @@ def pseudo_inverse(bread: np.ndarray, rcond: float,
     """(B⁺, near-singular directions as unit vectors, condition number, the relative
     eigenvalue of each direction); B⁺ leaves out the directions with a relative eigenvalue
     below ``rcond``."""
-    d, values, vectors, condition = near_singular(bread, rcond)
+    d, values, vectors, condition = near_singular(bread)
     top = max(float(values.max()), 0.0)
     keep = values > rcond * top if top > 0 else np.zeros_like(values, bool)
     inverse_scaled = (vectors[:, keep] / values[keep]) @ vectors[:, keep].T
