@@ -15,6 +15,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from . import data as zd
+from . import discretization
 from .adjoint import Nested, Revolve, Schedule, StoreAll, snapshots_for_budget
 from .config import AdjointConfig, FitConfig, MeshConfig, SystemConfig
 from .domain import FIELD, FRAMES, PER_EXPERIMENT, REPLICATED, Domain
@@ -25,7 +26,15 @@ from .observe import LOSSES, Observation, observable_names, observed_data
 from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
 from .problem import Batch, FitProblem, Regularization, system_penalties
-from .system import System, check_time_step, dataset_labels, default_params, get_system, stepper
+from .system import (
+    System,
+    UnstableTimeStepError,
+    check_time_step,
+    dataset_labels,
+    default_params,
+    get_system,
+    stepper,
+)
 
 log = logging.getLogger("pdefit")
 
@@ -127,20 +136,66 @@ def make_schedule(cfg: AdjointConfig, state_bytes: int) -> Schedule:
 
 def simulate_frames(system: System, grid: Grid, params: dict[str, float], dt: float,
                     integrator: str, n_frames: int, steps_per_frame: int, seed: int,
-                    dtype: Any, fields: Any = None) -> dict[str, np.ndarray]:
+                    dtype: Any, fields: Any = None, dt_factor: int = 1,
+                    grid_factor: int = 1) -> dict[str, np.ndarray]:
     """One experiment: a seeded initial state and its frames, (n_frames, ny, nx) per name of
-    ``fields`` (state fields or the system's observables; None: the state fields)."""
+    ``fields`` (state fields or the system's observables; None: the state fields).
+
+    With ``dt_factor``/``grid_factor`` above 1 the simulation runs at dt/dt_factor on the
+    grid refined grid_factor times, from the generated initial state prolonged to it, and
+    every frame is block-averaged back to ``grid`` (pdefit.discretization)."""
     state = system.initial_state(grid, params, seed)
-    state = {k: jnp.asarray(v, dtype) for k, v in state.items()}
+    fine_grid = discretization.refined_grid(grid, grid_factor)
+    state = {k: discretization.prolong(jnp.asarray(v, dtype), grid_factor, grid.boundaries)
+             for k, v in state.items()}
     p = {k: jnp.asarray(v, dtype) for k, v in params.items()}
-    step = stepper(system, grid, integrator)
-    n_steps = (n_frames - 1) * steps_per_frame
+    step = stepper(system, fine_grid, integrator)
+    n_steps = (n_frames - 1) * steps_per_frame * dt_factor
     run = jax.jit(simulate, static_argnums=(0, 5, 6))
-    frames = run(step, state, p, 0.0, dt, n_steps, steps_per_frame)
+    frames = run(step, state, p, 0.0, dt / dt_factor, n_steps, steps_per_frame * dt_factor)
     names = tuple(system.fields if fields is None else fields)
     if any(n not in frames for n in names):
         frames = {**frames, **jax.jit(jax.vmap(system.observables))(frames)}
-    return {k: np.asarray(frames[k]) for k in names}
+    return {k: np.asarray(discretization.restrict(frames[k], grid_factor)) for k in names}
+
+
+def refine_factors(cfg: Any) -> tuple[int, int]:
+    """(dt_factor, grid_factor) of ``simulate.refine`` (1, 1 without it)."""
+    refine = getattr(cfg.simulate, "refine", None)
+    if refine is None:
+        return 1, 1
+    factors = []
+    for key in ("dt_factor", "grid_factor"):
+        value = getattr(refine, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"simulate.refine.{key} must be an integer >= 1, got {value!r}")
+        factors.append(value)
+    return factors[0], factors[1]
+
+
+def check_refine(cfg: Any, system: System, grid: Grid, params: dict[str, Any],
+                 sys_cfg: SystemConfig) -> dict[str, Any]:
+    """Validate ``simulate.refine`` for this system and return the dataset's record of how it
+    was made (provenance ``discretization``)."""
+    dt_factor, grid_factor = refine_factors(cfg)
+    fine_grid = discretization.refined_grid(grid, grid_factor)
+    if grid_factor > 1:
+        reason = discretization.refinement_unsupported(system)
+        if reason is not None:
+            raise ConfigError(f"simulate.refine.grid_factor={grid_factor}: {reason}; use "
+                              "simulate.refine.grid_factor=1")
+    dt = float(sys_cfg.dt) / dt_factor
+    if dt_factor > 1 or grid_factor > 1:
+        try:
+            check_time_step(system, params, fine_grid, dt, sys_cfg.integrator)
+        except UnstableTimeStepError as err:
+            raise ConfigError(f"simulate.refine: on the refined grid {err}; raise "
+                              "simulate.refine.dt_factor") from None
+    return {"dt": dt, "integrator": str(sys_cfg.integrator),
+            "grid_shape": list(fine_grid.shape), "dt_factor": dt_factor,
+            "grid_factor": grid_factor,
+            "transfer": ("initial state: conservative linear prolongation; frames: block "
+                         "average of each observed cell") if grid_factor > 1 else None}
 
 
 def draw_per_experiment(cfg: Any, system: System, n_experiments: int,
@@ -227,16 +282,18 @@ def dataset_meta(cfg: Any) -> tuple[zd.DatasetMeta, System, Grid, dict[str, floa
     if unknown or not fields:
         raise ConfigError(f"simulate.fields: unknown {unknown} for {system.name}; it can write "
                           f"{list(known)}")
+    made = check_refine(cfg, system, grid, params, sys_cfg)
     params.update(synthetic_arrays(cfg, system))
     per_experiment = draw_per_experiment(cfg, system, int(sim.n_experiments))
     scalars = {k: v for k, v in params.items()
                if not system.params[k].shape and k not in per_experiment}
     meta = zd.DatasetMeta(
         system=system.name, fields=fields, grid_shape=grid.shape,
-        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(sys_cfg.dt),
-        steps_per_frame=int(sim.steps_per_frame), t0=0.0, n_frames=int(sim.n_frames),
-        n_experiments=int(sim.n_experiments), true_params=scalars, noise=noise,
-        provenance=zd.make_provenance(_plain(cfg)),
+        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=made["dt"],
+        steps_per_frame=int(sim.steps_per_frame) * made["dt_factor"], t0=0.0,
+        n_frames=int(sim.n_frames), n_experiments=int(sim.n_experiments),
+        true_params=scalars, noise=noise,
+        provenance={**zd.make_provenance(_plain(cfg)), "discretization": made},
         true_per_experiment=per_experiment or None,
         true_arrays={k: list(system.params[k].shape) for k in params
                      if system.params[k].shape},
@@ -252,9 +309,11 @@ def write_experiment(cfg: Any, path: Path, meta: zd.DatasetMeta, system: System,
     if experiment == 0:  # one writer for the array truths (single-chunk arrays)
         for name in meta.true_arrays:
             zd.write_true_array(path, name, np.asarray(params[name]))
+    dt_factor, grid_factor = refine_factors(cfg)
     frames = simulate_frames(system, grid, experiment_params(meta, params, experiment),
                              sys_cfg.dt, sys_cfg.integrator, sim.n_frames,
-                             sim.steps_per_frame, sim.seed + experiment, dtype, meta.fields)
+                             sim.steps_per_frame, sim.seed + experiment, dtype, meta.fields,
+                             dt_factor, grid_factor)
     mask = observation_mask(cfg, system, grid, meta)
     for name, values in frames.items():
         if not np.all(np.isfinite(values)):

@@ -19,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
-from . import assemble, batch, parallel
+from . import assemble, batch, discretization, parallel
 from . import data as zd
 from .checkpoint import (
     CHECKPOINT_DIR,
@@ -212,6 +212,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         "restarts": history.restarts,
         "parameters": rows, **error_summary(rows), "uncertainty": uncertainty,
     }
+    summary["discretization_check"] = _discretization_check(cfg, setup, theta, dataset)
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
     if lead:
@@ -223,6 +224,8 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     if summary["mean_rel_error"] is not None:
         print(f"{format_error_summary(summary)}  (loss {losses[0]:.3e} → "
               f"{history.best_loss:.3e}, {wall:.1f} s)")
+    if "message" in summary["discretization_check"]:
+        print(discretization.format_check(summary["discretization_check"]))
     if cfg.run.plots and lead:
         plot_loss(losses, out / "loss.png", _loss_description(problem))
         if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
@@ -268,6 +271,22 @@ def _uncertainty(cfg: DictConfig, setup: Any, theta: Any, dataset: Path) -> dict
     log.info("parameter intervals: one forward-tangent sweep over the training window…")
     noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
     return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise))
+
+
+def _discretization_check(cfg: DictConfig, setup: Any, theta: Any, dataset: Path,
+                          ) -> dict[str, Any]:
+    """The fitted model re-run with a finer time step (and grid) over the training window
+    (pdefit.discretization), for summary.json; a warning when its change is not small
+    against the residual."""
+    options = cfg.fit.discretization_check
+    if not options.enabled:
+        return {"verdict": discretization.SKIPPED,
+                "reason": "fit.discretization_check.enabled=false"}
+    result = discretization.check(setup.problem, theta, setup.batch, options,
+                                  zd.open_dataset(dataset).meta, log=log.info)
+    if result["verdict"] == discretization.WARNING:
+        log.warning(result["message"])
+    return result
 
 
 def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,

@@ -46,6 +46,18 @@ class NoiseConfig:
 
 
 @dataclass
+class RefineConfig:
+    """A dataset the fit's own discretization did not make (no "inverse crime"): simulate
+    with time step ``system.dt / dt_factor`` (``steps_per_frame × dt_factor`` steps per frame,
+    the same frame times) on the grid refined ``grid_factor`` times per axis, the initial
+    state interpolated to it and every frame block-averaged back to ``system.grid``
+    (pdefit.discretization). Refining the grid needs a system that declares it can."""
+
+    dt_factor: int = 1
+    grid_factor: int = 1
+
+
+@dataclass
 class SimulateConfig:
     """How a synthetic dataset is made (``pdefit-simulate``, or ``pdefit-fit`` without data)."""
 
@@ -78,6 +90,7 @@ class SimulateConfig:
     # Observation masks: options of the system's observation_mask(grid, times, ...) (e.g.
     # a polar cap growing in time); empty: every point observed.
     mask: dict[str, Any] = field(default_factory=dict)
+    refine: RefineConfig = field(default_factory=RefineConfig)
 
 
 @dataclass
@@ -109,6 +122,22 @@ class PerturbConfig:
 
 
 @dataclass
+class DiscretizationCheckConfig:
+    """After the fit, the fitted model is run again over the training window at
+    ``system.dt / dt_factor`` (and, with ``grid_factor`` > 1, on the grid refined that many
+    times where the system allows it) and the change in the predicted observations is
+    compared with the residual (pdefit.discretization): a warning names the knob to turn when
+    RMS change / RMS residual exceeds ``tolerance`` and RMS change / RMS of the data exceeds
+    ``negligible``."""
+
+    enabled: bool = True
+    dt_factor: int = 2
+    grid_factor: int = 1
+    tolerance: float = 0.1
+    negligible: float = 0.0
+
+
+@dataclass
 class FitSpecConfig:
     params: list[str] = field(default_factory=list)  # names of fitted parameters
     start: dict[str, float] = field(default_factory=dict)  # explicit starting values
@@ -133,6 +162,10 @@ class FitSpecConfig:
     # Standard errors and 95 % intervals of the fitted shared scalars after the fit
     # (pdefit.uncertainty): one forward-tangent sweep over the training window.
     uncertainty: bool = True
+    # Re-run the fitted model with a finer time step (and grid) and compare (one or two
+    # forward runs after the fit).
+    discretization_check: DiscretizationCheckConfig = field(
+        default_factory=DiscretizationCheckConfig)
 
 
 @dataclass

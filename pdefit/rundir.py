@@ -45,8 +45,9 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._,=+@%:()~-]")
 MAX_NAME = 120
 # Keys that change how a run is driven, not what it computes: a resumed run may change them
 # (a requeued job may land on another mesh shape or process count).
+# fit.uncertainty and fit.discretization_check: the end report only (absent from older runs).
 DRIVING_KEYS = ("run.", "mesh.", "distributed.", "rank.", "evaluate.",
-                "fit.uncertainty")  # the end report only (and absent from older runs)
+                "fit.uncertainty", "fit.discretization_check")
 # Keys that only say when to stop: a finished (or stopped) run may be continued with more
 # optim.steps or other stopping tolerances. With a decaying learning-rate schedule the
 # schedule is recomputed for the new step count from the step reached.

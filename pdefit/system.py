@@ -21,6 +21,9 @@ closed over by jitted functions. It provides:
   system-specific evaluation of a finished fit against the dataset's truths (numbers for
   ``summary.json``, a printed report, plots in ``out``), returning a :class:`SystemEvaluation`
   or None when it has nothing to say about this fit.
+- optionally ``refinable_grid = True``: its fields are cell-centred and nothing in it is tied
+  to the cell count, so data may be simulated on a refined grid and a fit checked on one
+  (``simulate.refine.grid_factor``, ``fit.discretization_check.grid_factor``);
 - optionally ``activity = (field, level)``: a point is active where ``field`` > ``level``
   (e.g. excited tissue), for the evaluator's active fraction and its at-rest flag (without
   it, a point is active while it still changes; see :mod:`pdefit.activity`);

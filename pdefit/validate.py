@@ -119,6 +119,12 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     if fit.stages is not None:
         for i, k in enumerate(fit.stages):
             _at_least(f"fit.stages[{i}]", k, 2)
+    check = fit.discretization_check
+    if check.enabled:
+        _at_least("fit.discretization_check.dt_factor", check.dt_factor, 2)
+        _at_least("fit.discretization_check.grid_factor", check.grid_factor, 1)
+        _positive("fit.discretization_check.tolerance", check.tolerance)
+        _non_negative("fit.discretization_check.negligible", check.negligible)
     reg = cfg.regularization
     _non_negative("regularization.params", reg.params)
     _non_negative("regularization.fields", reg.fields)
@@ -153,6 +159,8 @@ def _simulation(cfg: Any, log: Callable[[str], None]) -> None:
     _at_least("simulate.steps_per_frame", sim.steps_per_frame, 1)
     _at_least("simulate.n_experiments", sim.n_experiments, 1)
     _at_least("simulate.frames_per_shard", sim.frames_per_shard, 1)
+    _at_least("simulate.refine.dt_factor", sim.refine.dt_factor, 1)
+    _at_least("simulate.refine.grid_factor", sim.refine.grid_factor, 1)
     if sim.noise is not None:
         _non_negative("simulate.noise.sigma", sim.noise.sigma)
     flat = _flat_fields(cfg)

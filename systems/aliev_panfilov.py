@@ -46,6 +46,9 @@ class AlievPanfilov:
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
     # Excited tissue, for the evaluator's active fraction (pdefit/activity.py).
     activity: ClassVar[tuple[str, float]] = ("u", 0.5)
+    # Cell-centred fields, nothing tied to the cell count: data may be simulated on a refined
+    # grid (simulate.refine.grid_factor) and a fit checked on one (pdefit/discretization.py).
+    refinable_grid: ClassVar[bool] = True
     # Dimensionless model units (1 time unit ≈ 12.9 ms in the common mapping).
     time_unit: ClassVar[str] = "AP time units"
     space_unit: ClassVar[str] = "AP space units"

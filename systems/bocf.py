@@ -200,6 +200,9 @@ class BOCF:
     rest: ClassVar[dict[str, float]] = {"u": 0.0, "v": 1.0, "w": 1.0, "s": 0.0}
     # Excited tissue, for the evaluator's active fraction (pdefit/activity.py).
     activity: ClassVar[tuple[str, float]] = ("u", 0.5)
+    # Cell-centred fields, nothing tied to the cell count: data may be simulated on a refined
+    # grid (simulate.refine.grid_factor) and a fit checked on one (pdefit/discretization.py).
+    refinable_grid: ClassVar[bool] = True
     time_unit: ClassVar[str] = "ms"
     space_unit: ClassVar[str] = "mm"
     field_info: ClassVar[dict[str, tuple[str, str]]] = {
