@@ -195,19 +195,14 @@ def _refined_problem(problem: FitProblem, substeps: int, grid_factor: int, measu
     return _Refined(**values, substeps=substeps, grid_factor=grid_factor, measure=measure)
 
 
-def _data_norm(problem: FitProblem, batch: Batch) -> float:
-    """The misfit measure of a prediction of zero: the observations' own size."""
+def _data_norm(problem: FitProblem, batch: Batch) -> jnp.ndarray:
+    """The misfit measure of a prediction of zero: the size of the observations."""
     weights = dict(problem.observation.field_weights)
     obs = batch.observed
-
-    @jax.jit
-    def norm(values, masks, scale):
-        total = sum(weights.get(f, 1.0) * jnp.sum(
-            scale[f] * jnp.sum(masks[f] * values[f] ** 2, axis=tuple(range(1, values[f].ndim))))
-            for f in values)
-        return total / next(iter(scale.values())).shape[0]
-
-    return host_scalar(norm(obs.values, obs.weights, obs.scale))
+    total = sum(weights.get(f, 1.0) * jnp.sum(obs.scale[f] * jnp.sum(
+        obs.weights[f] * obs.values[f] ** 2, axis=tuple(range(1, obs.values[f].ndim))))
+        for f in obs.values)
+    return total / next(iter(obs.scale.values())).shape[0]
 
 
 def twin_reason(meta: Any, problem: FitProblem) -> str | None:
@@ -235,14 +230,19 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 
 
 def _measure(problem: FitProblem, theta: Any, batch: Batch, substeps: int, grid_factor: int,
-             misfit: float, data: float) -> dict[str, Any]:
-    """The refined model's misfit and its change from the fit's prediction (one jitted call:
-    the pair side by side, then the refined model alone)."""
+             ) -> dict[str, Any]:
+    """The fit's misfit, the size of the data, the refined model's misfit and the change
+    from the fit's prediction to the refined one: one compiled call (the fit's model, the
+    pair side by side, the refined model alone)."""
     measured = [_refined_problem(problem, substeps, grid_factor, what)
                 for what in ("data", "change")]
-    refined, change = map(host_scalar, jax.jit(
-        lambda th, b: [p.data_loss(th, b) for p in measured])(theta, batch))
-    return {"dt": problem.dt / substeps,
+
+    def values(th, b):
+        return [problem.data_loss(th, b), _data_norm(problem, b),
+                *(p.data_loss(th, b) for p in measured)]
+
+    misfit, data, refined, change = map(host_scalar, jax.jit(values)(theta, batch))
+    return {"misfit": misfit, "data": data, "dt": problem.dt / substeps,
             "grid": list(refined_grid(problem.grid, grid_factor).shape),
             "misfit_refined": refined, "change": change,
             "change_vs_residual": _ratio(change, misfit), "change_vs_data": _ratio(change, data)}
@@ -282,14 +282,12 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
     k, m = int(options.dt_factor), int(options.grid_factor)
     log(f"discretization check: the fitted model again at dt/{k}"
         + (f" and on the grid ×{m}" if m > 1 else "") + "…")
-    misfit = host_scalar(jax.jit(problem.data_loss)(theta, batch))
-    data = _data_norm(problem, batch)
-    time = _measure(problem, theta, batch, k, 1, misfit, data)
+    time = _measure(problem, theta, batch, k, 1)
     result: dict[str, Any] = {
         "dt": problem.dt, "integrator": problem.integrator, "grid": list(problem.grid.shape),
         "dt_factor": k, "tolerance": float(options.tolerance),
-        "negligible": float(options.negligible), "misfit": misfit, "data": data,
-        "refined_dt": time["dt"],
+        "negligible": float(options.negligible), "misfit": time["misfit"],
+        "data": time["data"], "refined_dt": time["dt"],
         **{key: time[key] for key in ("misfit_refined", "change", "change_vs_residual",
                                       "change_vs_data")}}
     notes, knobs = [], []
@@ -303,8 +301,10 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
         else:
             if substeps > k:
                 notes.append(f"dt/{substeps} on the grid ×{m} (its stability limit)")
-            grid = _measure(problem, theta, batch, substeps, m, misfit, data)
-            result["grid_check"] = {"grid_factor": m, **grid}
+            grid = _measure(problem, theta, batch, substeps, m)
+            result["grid_check"] = {"grid_factor": m, **{
+                key: grid[key] for key in ("dt", "grid", "misfit_refined", "change",
+                                           "change_vs_residual", "change_vs_data")}}
             # The grid is the knob when refining it moves the prediction well beyond what
             # the time step alone does (RMS change more than twice as large).
             if _large(grid, options) and grid["change"] > 4.0 * time["change"]:
