@@ -30,10 +30,16 @@ fit's own time step, integrator and grid (a twin experiment, the "inverse crime"
 residual cannot show discretization error at all: the verdict is ``twin`` and the numbers
 say how far a finer discretization would move the predictions.
 
-Cost: one forward run of the pair (coarse and fine side by side, the fine one ``dt_factor``
-steps per coarse step) and one of the fine model alone, no gradient, through the fit's own
-loss code (:meth:`pdefit.problem.FitProblem.data_loss`), so experiments, per-experiment
-parameters and device meshes work as in the fit.
+With ``grid_factor`` > 1 the same numbers for the refined grid (its time step refined too,
+by as much more as the finer grid's stability limit needs) are under ``grid_check``, and the
+grid is named as the knob when refining it moves the prediction more than twice as far (RMS)
+as refining the time step alone.
+
+Cost: one compiled call per refinement, no gradient: the fit's model, the pair side by side
+(the fine one ``dt_factor`` steps per coarse step) and the fine model alone, about one
+gradient evaluation in all. It goes through the fit's own loss code
+(:meth:`pdefit.problem.FitProblem.data_loss`, with the chain and initial state of the pair),
+so experiments, per-experiment parameters and device meshes work as in the fit.
 
 **Grid transfer** (refined data, ``simulate.refine``, and the grid part of the check). Fields
 live at cell centres, and a coarse cell is exactly ``m × m`` fine cells, so no fine centre
@@ -216,11 +222,14 @@ def twin_reason(meta: Any, problem: FitProblem) -> str | None:
     if meta.system != problem.system.name:
         return None
     integrator = (made or {}).get("integrator", system_cfg.get("integrator"))
+    own_step = hasattr(problem.system, "step")  # the integrator is not used
     grid_shape = tuple((made or {}).get("grid_shape", meta.grid_shape))
     same_dt = math.isclose(float(meta.dt), float(problem.dt), rel_tol=1e-9)
-    if same_dt and integrator == problem.integrator and grid_shape == tuple(problem.grid.shape):
-        return (f"the data were simulated with the fit's own dt={problem.dt}, integrator "
-                f"{problem.integrator} and grid {list(problem.grid.shape)}")
+    if (same_dt and (own_step or integrator == problem.integrator)
+            and grid_shape == tuple(problem.grid.shape)):
+        stepping = "step" if own_step else f"integrator {problem.integrator}"
+        return (f"the data were simulated with the fit's own dt={problem.dt}, {stepping} and "
+                f"grid {list(problem.grid.shape)}")
     return None
 
 
@@ -290,9 +299,11 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
         "data": time["data"], "refined_dt": time["dt"],
         **{key: time[key] for key in ("misfit_refined", "change", "change_vs_residual",
                                       "change_vs_data")}}
+    # A system with its own step ignores system.integrator.
+    stepping = ["system.dt"] + ([] if hasattr(problem.system, "step") else ["system.integrator"])
     notes, knobs = [], []
     if _large(time, options):
-        knobs += ["system.dt", "system.integrator"]
+        knobs += stepping
     if m > 1:
         substeps, reason = _grid_substeps(problem, theta, batch, m, k)
         if reason is not None:
@@ -310,7 +321,7 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
             if _large(grid, options) and grid["change"] > 4.0 * time["change"]:
                 knobs.insert(0, "system.grid.shape")
             elif _large(grid, options) and not knobs:
-                knobs += ["system.dt", "system.integrator"]
+                knobs += stepping
     twin = None if meta is None else twin_reason(meta, problem)
     if twin is not None:
         verdict = TWIN
