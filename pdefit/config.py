@@ -128,13 +128,18 @@ class DiscretizationCheckConfig:
     times where the system allows it) and the change in the predicted observations is
     compared with the residual (pdefit.discretization): a warning names the knob to turn when
     RMS change / RMS residual exceeds ``tolerance`` and RMS change / RMS of the data exceeds
-    ``negligible``."""
+    ``negligible``. With ``parameters``, also how far the optimum of the fitted shared
+    scalars moves at the finer time step (a Gauss–Newton step: one more gradient and a
+    forward-tangent sweep); it then decides for the time step, warning when a parameter
+    moves by more than ``parameter_tolerance`` (relative)."""
 
     enabled: bool = True
     dt_factor: int = 2
     grid_factor: int = 1
     tolerance: float = 0.1
     negligible: float = 0.0
+    parameters: bool = False
+    parameter_tolerance: float = 0.001
 
 
 @dataclass

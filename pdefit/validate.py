@@ -125,6 +125,7 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
         _at_least("fit.discretization_check.grid_factor", check.grid_factor, 1)
         _positive("fit.discretization_check.tolerance", check.tolerance)
         _non_negative("fit.discretization_check.negligible", check.negligible)
+        _positive("fit.discretization_check.parameter_tolerance", check.parameter_tolerance)
     reg = cfg.regularization
     _non_negative("regularization.params", reg.params)
     _non_negative("regularization.fields", reg.fields)

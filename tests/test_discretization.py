@@ -128,6 +128,27 @@ def test_check_flags_a_coarse_time_step_and_passes_a_fine_one(refined_noisy_data
     assert coarse["refined_dt"] == 0.025 and coarse["verdict"] != discretization.TWIN
 
 
+def test_parameter_shift_estimates_the_bias_of_a_coarse_fit(refined_noisy_data):
+    """With parameters=true the check estimates how far k's optimum moves at dt/2 (a
+    Gauss–Newton step): for first-order Euler about half the bias, so it shrinks about in
+    proportion to dt; the verdict then follows parameter_tolerance."""
+    options = OmegaConf.structured(DiscretizationCheckConfig(parameters=True,
+                                                             parameter_tolerance=2e-4))
+    found = {}
+    for dt in (0.05, 0.005):
+        setup = build_problem("aliev_panfilov", refined_noisy_data, fit=["k"], dt=dt)
+        found[dt] = discretization.check(setup.problem, setup.theta0, setup.batch, options,
+                                         log=lambda _: None)
+    coarse, fine = (found[dt]["parameter_shift"]["parameters"]["k"]["relative"]
+                    for dt in (0.05, 0.005))
+    print(f"k moves by {coarse:.3%} at dt = 0.05 → 0.025, {fine:.3%} at 0.005 → 0.0025")
+    assert 5 < coarse / fine < 20  # first order: ∝ dt
+    assert found[0.05]["verdict"] == discretization.WARNING
+    assert found[0.05]["criterion"] == "parameter_shift"
+    assert "the fitted values move by more than 0.02 %" in found[0.05]["message"]
+    assert found[0.005]["verdict"] == discretization.OK
+
+
 def test_check_on_a_mesh_and_a_refined_grid_equals_one_device(tmp_path):
     """Two experiments over a 2 × 2 mesh of tiles with ×2 grid refinement: the check's
     numbers equal the single-device ones; a system without a refinable grid skips the grid
