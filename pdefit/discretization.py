@@ -30,6 +30,12 @@ fit's own time step, integrator and grid (a twin experiment, the "inverse crime"
 residual cannot show discretization error at all: the verdict is ``twin`` and the numbers
 say how far a finer discretization would move the predictions.
 
+The bias itself, for fits of shared scalars on one device (``parameters: true``):
+:func:`parameter_shift` estimates how far each fitted scalar's optimum moves at the finer
+time step, by a Gauss–Newton step from the difference of the two gradients; for a scheme of
+order p the bias at dt is about 2^p/(2^p − 1) times that shift. It then decides for the time
+step (a warning above ``parameter_tolerance``, relative), whatever the noise.
+
 With ``grid_factor`` > 1 the same numbers for the refined grid (its time step refined too,
 by as much more as the finer grid's stability limit needs) are under ``grid_check``, and the
 grid is named as the knob when refining it moves the prediction more than twice as far (RMS)
