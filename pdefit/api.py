@@ -31,12 +31,13 @@ import jax
 import numpy as np
 import yaml
 
-from . import assemble
+from . import assemble, discretization
 from . import data as zd
 from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
 from .config import (
     AdjointConfig,
     DataConfig,
+    DiscretizationCheckConfig,
     FitConfig,
     FitSpecConfig,
     GridConfig,
@@ -52,6 +53,7 @@ from .parallel import host_array
 from .system import System
 from .system import get_system as _get_system
 from .train import LEVENBERG_MARQUARDT, FitHistory, run_fit
+from .validate import validate_discretization_check
 
 log = logging.getLogger("pdefit")
 
@@ -178,7 +180,8 @@ class FitResult:
     for scalars, arrays otherwise) at the best loss, ``fields`` the fitted initial fields,
     ``start`` and ``reference`` (true values, when the dataset has them) of the shared
     scalars, ``losses`` per step, ``best_loss``, ``steps`` taken, ``theta`` the optimiser's
-    best point, and the full :class:`~pdefit.train.FitHistory`."""
+    best point, the full :class:`~pdefit.train.FitHistory` and ``discretization``, the
+    discretization check (:func:`pdefit.discretization.check`; None when skipped)."""
 
     params: dict[str, Any]
     fields: dict[str, np.ndarray]
@@ -189,6 +192,7 @@ class FitResult:
     steps: int
     theta: Any
     history: FitHistory
+    discretization: dict[str, Any] | None = None
 
     def relative_errors(self) -> dict[str, float]:
         """|fitted − true| / |true| of each fitted scalar with a known nonzero truth."""
@@ -215,14 +219,26 @@ def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -
 
 def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         progress: bool = False, run_dir: str | PathLike | None = None,
+        discretization_check: bool | Mapping[str, Any] = True,
         **options: Any) -> FitResult:
     """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
     ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
     :class:`pdefit.config.OptimConfig` (``lr``, ``grad_tol``, ``patience``, ...), the
     defaults those of the command line's ``optim=<optimizer>``. With ``run_dir`` the fit
-    writes ``metrics.jsonl`` and Orbax checkpoints there and resumes from them."""
+    writes ``metrics.jsonl`` and Orbax checkpoints there and resumes from them.
+    ``discretization_check``: after the fit, re-run the fitted model at a finer time step
+    (the keys of :class:`pdefit.config.DiscretizationCheckConfig`, e.g. ``{"dt_factor": 4,
+    "parameters": True}``; False skips it); the result is ``FitResult.discretization``."""
     problem = setup.problem
     cfg = optimizer_config(optimizer, steps, **options)
+    check = None
+    if discretization_check is not False:
+        values = {} if discretization_check is True else dict(discretization_check)
+        try:
+            check = DiscretizationCheckConfig(**values)
+        except TypeError as err:
+            raise ValueError(f"discretization_check: {err}") from None
+        validate_discretization_check(check, "discretization_check")
     curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)
     if out is not None:
@@ -245,6 +261,12 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         value = host_array(physical[name])
         fitted[name] = float(value) if np.ndim(value) == 0 else value
     fields = {k: host_array(v) for k, v in theta.get("fields", {}).items()}
+    report = None
+    if check is not None and check.enabled:
+        report = discretization.check(problem, theta, setup.batch, check, setup.meta,
+                                      log=log.info)
+        if report["verdict"] == discretization.WARNING:
+            log.warning(report["message"])
     return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
                      list(history.losses), float(history.best_loss), int(state.step), theta,
-                     history)
+                     history, report)

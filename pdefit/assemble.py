@@ -473,6 +473,7 @@ class FitSetup(NamedTuple):
     start_values: dict[str, float]
     reference: dict[str, float] | None  # the dataset's true parameters, if it has them
     reads: list  # the dataset windows this process read: (field, experiments, frames, y, x)
+    meta: zd.DatasetMeta | None = None  # the dataset's metadata (how it was made)
 
 
 def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
@@ -663,7 +664,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
     batch = Batch(observed, initial)
     # The table of start/recovered values shows numbers: shared scalars only.
     return FitSetup(problem, batch, theta0, {n: float(start_values[n]) for n in layout.scalars},
-                    reference, reads)
+                    reference, reads, meta)
 
 
 def _warm_start(cfg: FitConfig, system: System, fitted: list[str], per_experiment: list[str],

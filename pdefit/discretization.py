@@ -311,8 +311,8 @@ def parameter_shift(problem: FitProblem, theta: Any, batch: Batch, substeps: int
     index = unravel(jnp.arange(flat.shape[0]))
     shifts = {}
     for name in problem.layout.scalars:
-        z = jnp.asarray(float(theta["params"][name]), jnp.float64)
-        with jax.enable_x64(True):
+        with jax.enable_x64(True):  # float64 even in a float32 fit
+            z = jnp.asarray(float(theta["params"][name]), jnp.float64)
             value, slope = jax.jvp(problem.layout.specs[name].to_physical, (z,),
                                    (jnp.ones_like(z),))
         shift = float(slope) * float(step[int(index[name])])

@@ -119,13 +119,8 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     if fit.stages is not None:
         for i, k in enumerate(fit.stages):
             _at_least(f"fit.stages[{i}]", k, 2)
-    check = fit.discretization_check
-    if check.enabled:
-        _at_least("fit.discretization_check.dt_factor", check.dt_factor, 2)
-        _at_least("fit.discretization_check.grid_factor", check.grid_factor, 1)
-        _positive("fit.discretization_check.tolerance", check.tolerance)
-        _non_negative("fit.discretization_check.negligible", check.negligible)
-        _positive("fit.discretization_check.parameter_tolerance", check.parameter_tolerance)
+    if fit.discretization_check.enabled:
+        validate_discretization_check(fit.discretization_check)
     reg = cfg.regularization
     _non_negative("regularization.params", reg.params)
     _non_negative("regularization.fields", reg.fields)
@@ -139,6 +134,15 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
         log("run.checkpoint_every=1 writes a checkpoint after every optimiser step, which "
             "can make a small fit several times slower; 10-50 is usually enough")
     _simulation(cfg, log)
+
+
+def validate_discretization_check(check: Any, key: str = "fit.discretization_check") -> None:
+    """The numbers of ``fit.discretization_check`` (pdefit.discretization)."""
+    _at_least(f"{key}.dt_factor", check.dt_factor, 2)
+    _at_least(f"{key}.grid_factor", check.grid_factor, 1)
+    _positive(f"{key}.tolerance", check.tolerance)
+    _non_negative(f"{key}.negligible", check.negligible)
+    _positive(f"{key}.parameter_tolerance", check.parameter_tolerance)
 
 
 def _grid(grid: Any) -> None:

@@ -197,3 +197,20 @@ def test_fit_reports_the_check_in_summary_and_table(tmp_path, capsys):
     assert check["verdict"] == discretization.TWIN and check["refined_dt"] == 0.025
     assert json.loads((run / "summary.json").read_text())["discretization_check"] == check
     assert "discretization check (dt/2): predictions change by" in capsys.readouterr().out
+
+
+def test_api_fit_runs_the_check(refined_noisy_data):
+    """pdefit.fit runs the check after the fit (its keys as a mapping) and refuses a bad key
+    or value before fitting."""
+    import pdefit
+
+    setup = build_problem("aliev_panfilov", refined_noisy_data, fit=["k"], dt=0.05)
+    with pytest.raises(ValueError, match=r"discretization_check: .*dt_fator"):
+        pdefit.fit(setup, steps=1, discretization_check={"dt_fator": 4})
+    with pytest.raises(assemble.ConfigError, match=r"discretization_check\.dt_factor must"):
+        pdefit.fit(setup, steps=1, discretization_check={"dt_factor": 1})
+    result = pdefit.fit(setup, optimizer="adam", steps=1, discretization_check={"dt_factor": 4})
+    assert result.discretization["refined_dt"] == 0.0125
+    assert result.discretization["verdict"] == discretization.WARNING
+    assert pdefit.fit(setup, optimizer="adam", steps=1,
+                      discretization_check=False).discretization is None
