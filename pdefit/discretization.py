@@ -33,7 +33,8 @@ say how far a finer discretization would move the predictions.
 The bias itself, for fits of shared scalars on one device (``parameters: true``):
 :func:`parameter_shift` estimates how far each fitted scalar's optimum moves at the finer
 time step, by a Gauss–Newton step from the difference of the two gradients; for a scheme of
-order p the bias at dt is about 2^p/(2^p − 1) times that shift. It then decides for the time
+order p the bias at dt is about 2^p/(2^p − 1) times that shift (asymptotically; near a
+stability limit the shift can be most of the bias). It then decides for the time
 step (a warning above ``parameter_tolerance``, relative), whatever the noise.
 
 With ``grid_factor`` > 1 the same numbers for the refined grid (its time step refined too,
@@ -295,8 +296,8 @@ def parameter_shift(problem: FitProblem, theta: Any, batch: Batch, substeps: int
     by ``substeps``: the Gauss–Newton step δθ = −(2B)⁺ (∇L_fine − ∇L) from the fitted θ, B the
     curvature of :mod:`pdefit.uncertainty` (the difference of gradients makes it the shift of
     the optimum whether or not the fit reached it). Per parameter in physical units and
-    relative to its value; for a first-order scheme the bias of the fit at dt is about twice
-    this shift. Costs a gradient at the refined step and a forward-tangent sweep."""
+    relative to its value; for a first-order scheme the bias of the fit at dt is up to about
+    twice this shift. Costs a gradient at the refined step and a forward-tangent sweep."""
     reason = uncertainty.unavailable_reason(problem)
     if reason is not None:
         return {"available": False, "reason": reason}
