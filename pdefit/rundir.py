@@ -35,6 +35,8 @@ import jax
 import numpy as np
 from omegaconf import OmegaConf
 
+from .config import FitConfig
+
 log = logging.getLogger("pdefit")
 
 RESOLVER = "pdefit.dirname"
@@ -131,9 +133,18 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
                        ignore: tuple[str, ...] = DRIVING_KEYS) -> list[str]:
     """``key: saved → current`` for every value that differs, except under ``ignore``."""
     a, b = flatten(saved), flatten(current)
+    defaults = _schema_defaults()
     return [f"{key}: {a.get(key, '<unset>')!r} → {b.get(key, '<unset>')!r}"
             for key in sorted(set(a) | set(b))
-            if not key.startswith(ignore) and a.get(key) != b.get(key)]
+            if not key.startswith(ignore) and a.get(key) != b.get(key)
+            # A config saved before a key existed meant the key's default by leaving it out:
+            # a new option must not refuse every older run's resume.
+            and not (key not in a and key in defaults and b.get(key) == defaults[key])]
+
+
+def _schema_defaults() -> dict[str, Any]:
+    """Every key of the fit schema with its default value, flattened."""
+    return flatten(OmegaConf.to_container(OmegaConf.structured(FitConfig)))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,7 +161,8 @@ def simulated_dataset(cfg: Any, path: Path, simulate: Callable[[Path], Path],
     ``simulate(path)`` is called by every process (each may write its own experiments); the
     decision to reuse is process 0's, so all processes take it together."""
     wanted = {k: plain_config(cfg).get(k) for k in SIMULATION_KEYS}
-    found = reuse and path.exists() and _simulation_config(path) == wanted
+    saved = _simulation_config(path) if reuse and path.exists() else None
+    found = saved is not None and not config_differences(saved, wanted, ignore=())
     if _from_process_0(found):
         log.info(f"reusing the simulated dataset {path} (same system/simulate config)")
         return path

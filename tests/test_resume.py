@@ -244,6 +244,18 @@ def test_cli_resumes_reuses_data_and_refuses_another_config(tmp_path, caplog):
     assert fresh["restarts"] == 0 and fresh["final_loss"] != summary["final_loss"]
 
 
+def test_a_key_added_after_a_run_was_saved_counts_as_its_default():
+    """A run saved before an option existed resumes when the option keeps its default, and is
+    refused when the option is set to something else."""
+    current = rundir.plain_config(make_config(Path("/r")))
+    saved = json.loads(json.dumps(current))
+    del saved["simulate"]["refine"], saved["fit"]["discretization_check"]
+    assert rundir.config_differences(saved, current) == []
+    current["simulate"]["refine"]["dt_factor"] = 4
+    assert rundir.config_differences(saved, current) == [
+        "simulate.refine.dt_factor: '<unset>' → 4"]
+
+
 def test_run_directories_are_deterministic(tmp_path):
     """The same command line gives the same directory, with no timestamp in it."""
     def run_dir(*overrides: str) -> str:
