@@ -8,9 +8,10 @@ What it measures
 - ``forward``: BOCF TNNP, Rush–Larsen, float32 (:mod:`forward`), steps per second at each n and
   the fraction of the copy-bandwidth bound (32 n² bytes per step).
 - ``adjoint``: Aliev–Panfilov, forward Euler, float32 (:mod:`adjoint`), store-all, nested and
-  revolve: forward and gradient time, gradient / forward, and for revolve ``/model``, the
+  revolve with each executor (``segments``, ``branch_free``; see :class:`pdefit.adjoint.
+  Revolve`): forward and gradient time, gradient / forward, and for revolve ``/model``, the
   gradient time over the work its plan cannot avoid (advances × one step + N × one step's
-  VJP); ``revolve/nested`` compares the two checkpointing schedules at equal N.
+  VJP); ``/nested`` compares the two checkpointing schedules at equal N.
 - ``fit step``: the default fit (Aliev–Panfilov, revolve) run by :func:`pdefit.train.run_fit`
   with L-BFGS and with Adam: seconds per optimiser step (the loop's own timestamps, compile
   excluded), loss evaluations per step (from ``metrics.jsonl``'s ``evaluations``, line search
@@ -115,6 +116,7 @@ def adjoint_rows(sizes: Sequence[int], steps: Sequence[int], snapshots: int,
                  repeats: int) -> list[Row]:
     args = adjoint_bench.parse_args([
         "--sizes", *map(str, sizes), "--steps", *map(str, steps), "--no-diffrax",
+        "--schedules", "store_all", "nested", "revolve_segments", "revolve_branch_free",
         "--snapshots", str(snapshots), "--repeats", str(repeats), "--every",
         str(min(20, min(steps)))])
     rows = []
@@ -130,13 +132,15 @@ def adjoint_rows(sizes: Sequence[int], steps: Sequence[int], snapshots: int,
                          row("adjoint", case, f"{name} gradient",
                              _scaled(r.gradient.best_s, 1e3), "ms"),
                          row("adjoint", case, f"{name} grad/fwd", r.grad_over_forward, "")]
-            revolve, nested = results.get("revolve"), results.get("nested")
-            if revolve and revolve.work_model_s and revolve.gradient.best_s:
-                rows.append(row("adjoint", case, "revolve /model",
-                                revolve.gradient.best_s / revolve.work_model_s, ""))
-            if revolve and nested and revolve.gradient.best_s and nested.gradient.best_s:
-                rows.append(row("adjoint", case, "revolve/nested",
-                                revolve.gradient.best_s / nested.gradient.best_s, ""))
+            nested = results["nested"]
+            for name in adjoint_bench.REVOLVE_EXECUTORS:
+                revolve = results[name]
+                if revolve.work_model_s and revolve.gradient.best_s:
+                    rows.append(row("adjoint", case, f"{name} /model",
+                                    revolve.gradient.best_s / revolve.work_model_s, ""))
+                if revolve.gradient.best_s and nested.gradient.best_s:
+                    rows.append(row("adjoint", case, f"{name}/nested",
+                                    revolve.gradient.best_s / nested.gradient.best_s, ""))
     return rows
 
 

@@ -485,8 +485,8 @@ def revolve_ticks(plan: RevolvePlan) -> Ticks:
     first_tick.append(len(tick_store))
     # One spare entry more in each store table: a loop body is traced even where it never
     # runs, and indexing an empty table fails at trace time.
-    return Ticks(*(np.asarray(a, np.int32) for a in (forward + [spare], restore, first_tick,
-                                                       tick_store + [spare])))
+    return Ticks(*(np.asarray(a, np.int32) for a in ([*forward, spare], restore, first_tick,
+                                                       [*tick_store, spare])))
 
 
 def _masked_cost(chain: LossChain) -> Callable:

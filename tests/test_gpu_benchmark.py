@@ -45,7 +45,7 @@ def test_quick_forward_prints_one_table_headed_with_the_device(tmp_path, capsys)
 def test_quick_runs_every_section(tmp_path, capsys):
     result, out = run_quick(tmp_path, capsys, "adjoint", "fit", "small")
     quantities = {r["quantity"] for r in result["rows"]}
-    assert {"revolve /model", "revolve/nested", "lbfgs evaluations/step",
+    assert {"revolve_branch_free /model", "revolve_segments/nested", "lbfgs evaluations/step",
             "lbfgs step/evaluations", "forward per step",
             "value and gradient, revolve"} <= quantities
     assert all(r["value"] is not None for r in result["rows"]), out
