@@ -113,6 +113,10 @@ class Revolve:
             raise ValueError(f"Revolve executor {self.executor!r}: use one of "
                              f"{REVOLVE_EXECUTORS}")
 
+    def __repr__(self) -> str:  # what logs and summary.json show; "auto" goes unsaid
+        executor = "" if self.executor == "auto" else f", executor={self.executor!r}"
+        return f"Revolve(snapshots={self.snapshots}{executor})"
+
     def loss(self, chain: LossChain, x0: State, theta: Theta, data: Data, n_steps: int):
         if n_steps == 0:
             return chain.cost(x0, theta, 0, data)

@@ -116,6 +116,13 @@ def test_branch_free_ticks_follow_the_plan(n, s):
     assert set(ticks.restore.tolist()) <= set(range(s))
 
 
+def test_revolve_executor_is_checked_and_named_when_not_auto():
+    assert repr(Revolve(32)) == "Revolve(snapshots=32)"
+    assert repr(Revolve(4, "branch_free")) == "Revolve(snapshots=4, executor='branch_free')"
+    with pytest.raises(ValueError, match="executor 'gpu'"):
+        Revolve(4, "gpu")
+
+
 def test_binomial_helpers():
     assert binomial_capacity(3, 2) == math.comb(5, 3)
     assert repetition_number(10, 3) == 2  # β(3,1)=4 < 10 <= β(3,2)=10
