@@ -97,6 +97,8 @@ from pdefit.system import stepper
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 SCHEDULES = ("store_all", "nested", "revolve")
+# Revolve with a named executor ("revolve" is Revolve's default, "auto": segments on a CPU).
+REVOLVE_EXECUTORS = ("revolve_segments", "revolve_branch_free")
 FIELDS = ("u", "v")
 DTYPE = jnp.float32
 MiB = 2.0**20
@@ -184,6 +186,8 @@ def make_schedule(name: str, snapshots: int, levels: int) -> StoreAll | Nested |
         return Nested(levels)
     if name == "revolve":
         return Revolve(snapshots)
+    if name in REVOLVE_EXECUTORS:
+        return Revolve(snapshots, name.removeprefix("revolve_"))
     raise ValueError(f"unknown schedule {name!r}; choose from {SCHEDULES}")
 
 
@@ -408,11 +412,12 @@ def run_configuration(setup: Setup, costs: StepCosts | None, args: argparse.Name
     for name, *_ in methods:
         forward = summarise(compiled[name][0], runs[name][0], args.statistic)
         gradient = summarise(compiled[name][1], runs[name][1], args.statistic)
-        row = Row(size, n_steps, name, None if name in ("store_all", "nested") else args.snapshots,
+        row = Row(size, n_steps, name,
+                  None if name in ("store_all", "nested") else args.snapshots,
                   forward, gradient, values[name], skipped=skipped.get(name))
         if gradient.best_s is not None and forward.best_s:
             row.grad_over_forward = gradient.best_s / forward.best_s
-        if name == "revolve":
+        if name.startswith("revolve"):
             row.revolve_bound, row.revolve_advances = revolve_bound(n_steps, args.snapshots)
             if costs is not None:
                 # The work the plan cannot avoid: every advance, plus one VJP per step.
@@ -428,7 +433,8 @@ def run_configuration(setup: Setup, costs: StepCosts | None, args: argparse.Name
             if r is not diffrax_row and r.gradient.best_s is not None:
                 r.over_diffrax = r.gradient.best_s / diffrax_row.gradient.best_s
 
-    reference = next((s for s in ("store_all", "revolve", "nested") if s in gradients), None)
+    reference = next((s for s in ("store_all", "revolve", *REVOLVE_EXECUTORS, "nested")
+                      if s in gradients), None)
     if reference is not None:
         for r in rows:
             if r.method in gradients:
@@ -616,7 +622,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="numbers of time steps N")
     parser.add_argument("--snapshots", type=int, default=32,
                         help="Revolve snapshots and diffrax checkpoints")
-    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES, default=list(SCHEDULES))
+    parser.add_argument("--schedules", nargs="+", choices=SCHEDULES + REVOLVE_EXECUTORS,
+                        default=list(SCHEDULES),
+                        help="revolve_segments / revolve_branch_free: Revolve with that executor "
+                             "(revolve: the backend's default)")
     parser.add_argument("--nested-levels", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs after the warm-up")
     parser.add_argument("--statistic", choices=("min", "median"), default="min",

@@ -51,12 +51,14 @@ CONF = str(Path(__file__).resolve().parent.parent / "conf")
 register_configs()
 
 
-def build(tmp: Path, overrides: list[str], schedule: str) -> assemble.FitSetup:
-    """The experiment's fit setup with ``adjoint=<schedule>``, sharing one simulated dataset."""
+def build(tmp: Path, overrides: list[str], schedule: str,
+          experiment: str | None = "sphere_force_recovery") -> assemble.FitSetup:
+    """The experiment's fit setup with ``adjoint=<schedule>``, sharing one simulated dataset
+    in ``tmp`` (``experiment=None``: the default fit)."""
+    chosen = [] if experiment is None else [f"experiment={experiment}"]
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = compose(config_name="fit", overrides=[
-            f"run.dir={tmp}", "experiment=sphere_force_recovery", f"adjoint={schedule}",
-            *overrides])
+            f"run.dir={tmp}", *chosen, f"adjoint={schedule}", *overrides])
     dtype = assemble.set_precision(cfg.precision)
     path = tmp / "data.zarr"
     if not path.exists():

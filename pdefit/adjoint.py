@@ -48,11 +48,16 @@ class LossChain(NamedTuple):
 
     ``observed(n, data)``, when given, says whether ``cost`` can be nonzero at step ``n``;
     revolve then linearises the cost only at those steps (differentiating through a cost
-    that branches on the step costs about one more forward step at every step)."""
+    that branches on the step costs about one more forward step at every step).
+
+    ``observed_cost(x, θ, n, data)``, when given with ``observed``, is ``cost`` at the steps
+    ``observed`` selects, computed without branching on ``n`` (finite anywhere else): the
+    branch-free revolve executor masks it instead of branching."""
 
     step: Callable[[State, Theta, Any], State]
     cost: Callable[[State, Theta, Any, Data], Any]
     observed: Callable[[Any, Data], Any] | None = None
+    observed_cost: Callable[[State, Theta, Any, Data], Any] | None = None
 
 
 # --------------------------------------------------------------------------------------------
@@ -84,20 +89,43 @@ class Nested:
         return total + chain.cost(x, theta, n_steps, data)
 
 
+REVOLVE_EXECUTORS = ("auto", "segments", "branch_free")
+
+
 @dataclass(frozen=True)
 class Revolve:
-    """Binomial checkpointing with ``snapshots`` stored states (x_0 included)."""
+    """Binomial checkpointing with ``snapshots`` stored states (x_0 included).
+
+    ``executor`` runs the same plan two ways: ``segments`` (one loop over segments, with
+    conditionals for restore, reverse and observation and a loop of dynamic length per
+    advance: cheapest where a conditional costs nothing, as on a CPU) or ``branch_free`` (no
+    conditionals: restores by dynamic index, a store after every step, the cost masked; on an
+    accelerator every conditional and every dynamic loop test waits for the host). ``auto``:
+    ``segments`` on the CPU backend, ``branch_free`` elsewhere."""
 
     snapshots: int = 16
+    executor: str = "auto"
 
     def __post_init__(self) -> None:
         if self.snapshots < 1:
             raise ValueError(f"Revolve needs at least one snapshot, got {self.snapshots}")
+        if self.executor not in REVOLVE_EXECUTORS:
+            raise ValueError(f"Revolve executor {self.executor!r}: use one of "
+                             f"{REVOLVE_EXECUTORS}")
+
+    def __repr__(self) -> str:  # what logs and summary.json show; "auto" goes unsaid
+        executor = "" if self.executor == "auto" else f", executor={self.executor!r}"
+        return f"Revolve(snapshots={self.snapshots}{executor})"
 
     def loss(self, chain: LossChain, x0: State, theta: Theta, data: Data, n_steps: int):
         if n_steps == 0:
             return chain.cost(x0, theta, 0, data)
         plan = revolve_plan(n_steps, min(self.snapshots, n_steps))
+        executor = self.executor
+        if executor == "auto":
+            executor = "segments" if jax.default_backend() == "cpu" else "branch_free"
+        if executor == "branch_free":
+            return _branch_free_revolve_loss(chain, plan)(x0, theta, data)
         return _revolve_loss(chain, plan)(x0, theta, data)
 
 
@@ -399,6 +427,155 @@ def _revolve_loss(chain: LossChain, plan: RevolvePlan):
         x0bar, thetabar = carry[4], carry[5]
         databar = jax.tree.map(_zero_cotangent, data)
         return x0bar, thetabar, databar
+
+    loss = jax.custom_vjp(primal)
+    loss.defvjp(forward, backward)
+    return loss
+
+
+class Ticks(NamedTuple):
+    """A plan as the branch-free executor runs it. Forward: one tick per step of the first
+    sweep, ``forward_store[t]`` the slot the state after it goes to (the spare slot when none).
+    Backward: one unit per reversed step, which restores ``restore[u]``, runs ticks
+    ``first_tick[u]`` to ``first_tick[u + 1]`` (one step each, then a store into
+    ``tick_store[t]``) and reverses one step. Both store tables end with one unused entry."""
+
+    forward_store: np.ndarray
+    restore: np.ndarray
+    first_tick: np.ndarray
+    tick_store: np.ndarray
+
+
+def revolve_ticks(plan: RevolvePlan) -> Ticks:
+    """The plan as :class:`Ticks`. Relies on the plan's shape (checked): the first sweep
+    stores slot 0 first; every store follows an advance; in the reversal every reverse but
+    the last is followed by a restore."""
+    spare = plan.snapshots
+    kinds, args = plan.kinds.tolist(), plan.args.tolist()
+    if kinds[0] != STORE or args[0] != 0:
+        raise ValueError("a revolve plan starts by storing x_0 in slot 0")
+
+    def ticked(actions: list[tuple[int, int]]) -> list[int]:
+        stores: list[int] = []
+        for kind, arg in actions:
+            if kind == ADVANCE:
+                stores += [spare] * arg
+            elif kind == STORE:
+                if not stores:
+                    raise ValueError("a revolve plan stores only right after an advance")
+                stores[-1] = arg
+        return stores
+
+    forward = ticked(list(zip(kinds[1:plan.first_reverse], args[1:plan.first_reverse],
+                              strict=True)))
+    if len(forward) != plan.n_steps - 1:
+        raise ValueError("a revolve plan's first sweep advances to the last step")
+    restore, first_tick, tick_store = [], [], []
+    unit: list[tuple[int, int]] = []
+    for kind, arg in zip(kinds[plan.first_reverse + 1:], args[plan.first_reverse + 1:],
+                         strict=True):
+        if kind == RESTORE and not unit:
+            restore.append(arg)
+            first_tick.append(len(tick_store))
+        elif kind == REVERSE:
+            tick_store += ticked(unit)
+            unit = []
+        elif kind in (ADVANCE, STORE) and restore:
+            unit.append((kind, arg))
+        else:
+            raise ValueError("every unit of a revolve reversal starts with a restore")
+    if unit or len(restore) != plan.n_steps - 1:
+        raise ValueError("a revolve reversal ends with a reverse, one per earlier step")
+    first_tick.append(len(tick_store))
+    # One spare entry more in each store table: a loop body is traced even where it never
+    # runs, and indexing an empty table fails at trace time.
+    return Ticks(*(np.asarray(a, np.int32) for a in ([*forward, spare], restore, first_tick,
+                                                       [*tick_store, spare])))
+
+
+def _masked_cost(chain: LossChain) -> Callable:
+    """The cost without a branch on the step where the chain offers one, else its cost."""
+    if chain.observed is None or chain.observed_cost is None:
+        return chain.cost
+
+    def cost(x, theta, i, data):
+        value = chain.observed_cost(x, theta, i, data)
+        return jnp.where(chain.observed(i, data), value, jnp.zeros_like(value))
+
+    return cost
+
+
+def _branch_free_revolve_loss(chain: LossChain, plan: RevolvePlan):
+    """J(x0, θ, data) with a custom VJP that runs ``plan`` without conditionals (see
+    :class:`Revolve`): every loop but the per-unit tick loop has a static trip count."""
+    n = plan.n_steps
+    ticks = revolve_ticks(plan)
+    cost = _masked_cost(chain)
+
+    def transition(x, theta, i, data):
+        return chain.step(x, theta, i), cost(x, theta, i, data)
+
+    def last_transition(x, theta, data):
+        x_next, c = transition(x, theta, n - 1, data)
+        return c + cost(x_next, theta, n, data)
+
+    def primal(x0, theta, data):
+        def body(carry, i):
+            x, total = carry
+            x_next, c = transition(x, theta, i, data)
+            return (x_next, total + c), None
+
+        (x, total), _ = jax.lax.scan(body, (x0, _zero_cost(chain, x0, theta, data)),
+                                     jnp.arange(n - 1))
+        return total + last_transition(x, theta, data)
+
+    def store(snaps, slot_steps, slot, x, i):
+        snaps = jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
+        return snaps, slot_steps.at[slot].set(i)
+
+    def forward(x0, theta, data):
+        snaps = jax.tree.map(
+            lambda a: jnp.broadcast_to(jnp.zeros_like(a), (plan.snapshots + 1, *a.shape)), x0)
+        snaps, slot_steps = store(snaps, jnp.zeros((plan.snapshots + 1,), jnp.int32), 0, x0, 0)
+        slots = jnp.asarray(ticks.forward_store)
+
+        def tick(i, carry):
+            x, snaps, slot_steps, total = carry
+            x, c = transition(x, theta, i, data)
+            snaps, slot_steps = store(snaps, slot_steps, slots[i], x, i + 1)
+            return x, snaps, slot_steps, total + c
+
+        x, snaps, slot_steps, total = jax.lax.fori_loop(
+            0, n - 1, tick, (x0, snaps, slot_steps, _zero_cost(chain, x0, theta, data)))
+        last, last_vjp = jax.vjp(lambda x_, th: last_transition(x_, th, data), x, theta)
+        return total + last, (snaps, slot_steps, last_vjp, theta, data)
+
+    def backward(residuals, g):
+        snaps, slot_steps, last_vjp, theta, data = residuals
+        xbar, thetabar = last_vjp(g)
+        restore, first_tick = jnp.asarray(ticks.restore), jnp.asarray(ticks.first_tick)
+        tick_store = jnp.asarray(ticks.tick_store)
+
+        def tick(t, carry):
+            x, i, snaps, slot_steps = carry
+            x = chain.step(x, theta, i)
+            snaps, slot_steps = store(snaps, slot_steps, tick_store[t], x, i + 1)
+            return x, i + 1, snaps, slot_steps
+
+        def unit(u, carry):
+            snaps, slot_steps, xbar, thetabar = carry
+            slot = restore[u]
+            x, i = jax.tree.map(lambda buf: buf[slot], snaps), slot_steps[slot]
+            x, i, snaps, slot_steps = jax.lax.fori_loop(
+                first_tick[u], first_tick[u + 1], tick, (x, i, snaps, slot_steps))
+            _, vjp = jax.vjp(lambda x_, th: transition(x_, th, i, data), x, theta)
+            xbar, step_thetabar = vjp((xbar, g))
+            return snaps, slot_steps, xbar, jax.tree.map(jnp.add, thetabar, step_thetabar)
+
+        if n > 1:
+            _, _, xbar, thetabar = jax.lax.fori_loop(
+                0, n - 1, unit, (snaps, slot_steps, xbar, thetabar))
+        return xbar, thetabar, jax.tree.map(_zero_cotangent, data)
 
     loss = jax.custom_vjp(primal)
     loss.defvjp(forward, backward)

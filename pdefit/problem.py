@@ -128,7 +128,10 @@ class FitProblem:
         def observed(n, data):
             return observation.observed(data, n)
 
-        return LossChain(step, cost, observed)
+        def observed_cost(state, params, n, data):
+            return observation.misfit(state, data, jnp.maximum(data.slot_of_step[n], 0))
+
+        return LossChain(step, cost, observed, observed_cost)
 
     def initial_state(self, theta: Mapping[str, Any], batch: Batch) -> dict[str, jnp.ndarray]:
         fields = theta.get("fields", {})

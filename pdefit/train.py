@@ -1,8 +1,11 @@
 """The optimisation loop: optax over the unconstrained parameters and fitted fields, with
 checkpoints, preemption and resume.
 
-One jitted update computes loss, gradient and the optimiser step; the Python loop runs over
-optimiser iterations (each blocks on its loss, which also keeps the dispatch queue short).
+One jitted update computes loss, gradient and the optimiser step, and a small report of it
+(loss, gradient norm, the physical values, how many loss evaluations the step took, line
+search included); the Python loop runs over optimiser iterations and reads that report in one
+transfer per step — its only wait on the device, which also keeps the dispatch queue short.
+The step counter lives on the host.
 
 Non-finite steps. The loss and gradient are evaluated at the current parameters; if either is
 not finite those parameters are bad, so the loop goes back to the *anchor* — the last state
@@ -191,14 +194,74 @@ def _advanced(state: TrainState, theta: Any, opt_state: Any, value: jax.Array) -
                                 state.best_theta)))
 
 
-def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Callable:
-    """``update(state, batch) -> (candidate state, loss, grad norm, finite)``, jitted. Extra
-    arguments (value, gradient, loss function) are offered to optimisers that take them, such
-    as L-BFGS's line search."""
+class StepReport(NamedTuple):
+    """What the host reads after a step, in one transfer: about the point the step started
+    from (``state.theta``), and how many evaluations the step took."""
+
+    step: jax.Array  # the step number of that point
+    loss: jax.Array
+    grad_norm: jax.Array
+    finite: jax.Array  # loss and gradient finite
+    lr_scale: jax.Array
+    evaluations: jax.Array  # int32: loss (or loss-and-gradient) evaluations, line search included
+    params: Any  # ``describe(theta)``, or None
+
+
+def _report(state: TrainState, value: jax.Array, grad_norm: jax.Array, finite: jax.Array,
+            evaluations: jax.Array, describe: Callable[[Any], Mapping[str, Any]] | None,
+            ) -> StepReport:
+    return StepReport(step=state.step, loss=value, grad_norm=grad_norm, finite=finite,
+                      lr_scale=state.lr_scale, evaluations=jnp.asarray(evaluations, jnp.int32),
+                      params=dict(describe(state.theta)) if describe else None)
+
+
+def _line_search_steps(opt_state: Any) -> jax.Array:
+    """Loss-and-gradient evaluations the optimiser's line search made in its last update (each
+    zoom or backtracking iteration evaluates once); 0 for optimisers without one."""
+    counts = [info.num_linesearch_steps for info in jax.tree.leaves(
+        opt_state, is_leaf=lambda x: isinstance(x, optax.ZoomLinesearchInfo))
+        if isinstance(info, optax.ZoomLinesearchInfo)]
+    return sum(counts, jnp.asarray(0, jnp.int32)).astype(jnp.int32)
+
+
+def _line_search_state(opt_state: Any) -> Any:
+    """The zoom line search's state inside ``opt_state`` (L-BFGS), or None."""
+    found = [s for s in jax.tree.leaves(
+        opt_state, is_leaf=lambda x: isinstance(x, optax.ScaleByZoomLinesearchState))
+        if isinstance(s, optax.ScaleByZoomLinesearchState)]
+    return found[0] if len(found) == 1 else None
+
+
+def _value_and_grad(loss: Callable, state: TrainState, batch: Any,
+                    ) -> tuple[jax.Array, Any, jax.Array]:
+    """(loss, gradient) at ``state.theta`` and whether they were evaluated (1) or taken from
+    the line search (0). A zoom line search leaves the loss and gradient of the point it
+    accepted in its state, and that point is ``state.theta`` when the update was applied
+    unscaled — ``lr_scale`` is 1 until the first non-finite step and never returns to 1 — so
+    L-BFGS evaluates once per line-search iteration rather than once more per step."""
+    searched = _line_search_state(state.opt_state)
+    if searched is None:
+        value, grad = jax.value_and_grad(loss)(state.theta, batch)
+        return value, grad, jnp.asarray(1, jnp.int32)
+    dtype = jax.eval_shape(loss, state.theta, batch).dtype
+    stored = jnp.isfinite(searched.value) & (state.lr_scale == 1)
+    value, grad = jax.lax.cond(
+        stored,
+        lambda: (searched.value.astype(dtype), jax.tree.map(
+            lambda g, t: g.astype(t.dtype), searched.grad, state.theta)),
+        lambda: jax.value_and_grad(loss)(state.theta, batch))
+    return value, grad, 1 - stored.astype(jnp.int32)
+
+
+def make_update(loss: Callable, optimizer: optax.GradientTransformation,
+                describe: Callable[[Any], Mapping[str, Any]] | None = None) -> Callable:
+    """``update(state, batch) -> (candidate state, StepReport)``, jitted. Extra arguments
+    (value, gradient, loss function) are offered to optimisers that take them, such as
+    L-BFGS's line search."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
-        value, grad = jax.value_and_grad(loss)(state.theta, batch)
+        value, grad, evaluated = _value_and_grad(loss, state, batch)
         grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
         updates, opt_state = optimizer.update(
@@ -206,18 +269,22 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation) -> Call
             value_fn=lambda theta: loss(theta, batch))
         updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
         theta = optax.apply_updates(state.theta, updates)
-        return _advanced(state, theta, opt_state, value), value, grad_norm, finite
+        evaluations = evaluated + _line_search_steps(opt_state)
+        return (_advanced(state, theta, opt_state, value),
+                _report(state, value, grad_norm, finite, evaluations, describe))
 
     return update
 
 
-def make_damped_update(loss: Callable, curvature: Callable) -> Callable:
+def make_damped_update(loss: Callable, curvature: Callable,
+                       describe: Callable[[Any], Mapping[str, Any]] | None = None) -> Callable:
     """Levenberg–Marquardt on ``theta["params"]`` with the same contract as
     :func:`make_update`. ``curvature(theta, batch) -> (loss, gradient, G)`` (see
     :mod:`pdefit.gauss_newton`). A step solves (G + λ diag G) δ = −g and is kept when the loss
     falls by at least 1e-4 of what the quadratic model predicts; a rejected step (also one
     whose trial loss is not finite) leaves θ as it is and raises λ, so the step shrinks towards
-    a short gradient step."""
+    a short gradient step. Two evaluations per step: the curvature (with loss and gradient)
+    and the trial loss."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
@@ -242,7 +309,8 @@ def make_damped_update(loss: Callable, curvature: Callable) -> Callable:
         theta = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, state.theta)
         grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm) & jnp.all(jnp.isfinite(matrix))
-        return _advanced(state, theta, opt_state, value), value, grad_norm, finite
+        return (_advanced(state, theta, opt_state, value),
+                _report(state, value, grad_norm, finite, 2, describe))
 
     return update
 
@@ -265,10 +333,12 @@ def data_fingerprint(batch: Any) -> str:
 
 @dataclass(frozen=True)
 class _Anchor:
-    """The last state with a finite loss and gradient, and how many records precede it."""
+    """The last state with a finite loss and gradient, how many records precede it, and its
+    step (on the host)."""
 
     state: TrainState
     n_records: int
+    step: int
 
 
 # Steps in a row with bit-identical loss and gradient norm after which a fit counts as stalled:
@@ -325,9 +395,9 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
         if curvature is None:
             raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
                              "curvature (pdefit.gauss_newton)")
-        update = make_damped_update(loss, curvature)
+        update = make_damped_update(loss, curvature, describe)
     else:
-        update = make_update(loss, optimizer)
+        update = make_update(loss, optimizer, describe)
     loss_dtype = jax.eval_shape(loss, theta0, batch).dtype
     state = init_state(theta0, optimizer, loss_dtype, seed)
     history = FitHistory()
@@ -339,7 +409,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     if checkpoint:
         store, state, history = _open_checkpoints(checkpoint, resume, state, config,
                                                   fingerprint, log)
-    anchor = _Anchor(state, len(history.records))
+    anchor = _Anchor(state, len(history.records), int(jax.device_get(state.step)))
     wall_before = history.wall_time
     start = time.perf_counter()
 
@@ -354,21 +424,21 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
 
     def save(status: str, wait: bool = False) -> None:
         if store is not None:
-            store.save(int(anchor.state.step), anchor.state, meta(status), config, wait=wait)
+            store.save(anchor.step, anchor.state, meta(status), config, wait=wait)
         write_status(status)
 
     def write_status(status: str) -> None:
         if status_path is not None and primary:
             write_json_atomic(status_path, {
                 "status": status, "stop_reason": history.stop_reason or None,
-                "step": int(anchor.state.step),
+                "step": anchor.step,
                 "loss": history.records[-1]["loss"] if history.records else None,
                 "best_loss": _finite_or_none(history.best_loss),
                 "nan_failures": history.nan_failures, "restarts": history.restarts,
                 "wall_time_s": elapsed()})
 
     metrics = _open_metrics(metrics_path, history.records) if primary else None
-    bar = progress_bar(cfg.steps, int(state.step), progress, primary)
+    bar = progress_bar(cfg.steps, anchor.step, progress, primary)
     # Signals are taken over only where they can be honoured: with checkpoints, or when the
     # caller passes its own flag.
     watch = store is not None or preemption is not None
@@ -376,38 +446,46 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     write_status("running")
     try:
         with flag if watch else contextlib.nullcontext():
-            while int(state.step) < cfg.steps:
-                candidate, value, grad_norm, finite = update(state, batch)
-                value = float(value)  # blocks: one update in flight at a time
+            step = anchor.step  # of ``state``, kept on the host
+            evaluations = applied = 0  # in this process, for the progress line
+            while step < cfg.steps:
+                candidate, report = update(state, batch)
+                # The step's one host transfer; waiting for it keeps one update in flight.
+                report = jax.device_get(report)
                 converged = False
-                if bool(finite):
-                    record = _record(state, value, float(grad_norm), describe, elapsed())
-                    anchor = _Anchor(state, len(history.records))
+                if report.finite:
+                    record = _record(report, elapsed())
+                    value = record["loss"]
+                    anchor = _Anchor(state, len(history.records), step)
                     history.records.append(record)
                     history.best_loss = min(history.best_loss, value)
                     if metrics:
                         metrics.write(json.dumps(record) + "\n")
                         metrics.flush()
                     state = candidate
+                    step += 1
                     grad_norm_0 = history.records[0]["grad_norm"]
                     converged = record["grad_norm"] <= cfg.grad_tol * grad_norm_0
                     if converged:
                         history.stop_reason = "converged"
-                        log(f"converged at step {int(state.step)}: gradient norm "
+                        log(f"converged at step {step}: gradient norm "
                             f"{record['grad_norm']:.3e} <= {cfg.grad_tol:g} x initial")
                     elif cfg.patience and _stalled(history.records, cfg.patience):
                         converged = True
                         history.stop_reason = "stalled"
-                        log(f"stopped at step {int(state.step)}: the loss has not improved "
+                        log(f"stopped at step {step}: the loss has not improved "
                             f"by a relative 1e-6 in {cfg.patience} steps (optim.patience)")
                     elif cfg.name != LEVENBERG_MARQUARDT and _repeating(history.records):
                         # (a rejected Levenberg–Marquardt step legitimately repeats θ)
                         converged = True
                         history.stop_reason = "stalled"
-                        log(f"stopped at step {int(state.step)}: {IDENTICAL_STEPS} steps in "
+                        log(f"stopped at step {step}: {IDENTICAL_STEPS} steps in "
                             f"a row with the same loss {value:.6e} and gradient norm; the "
                             "optimiser no longer changes the parameters")
-                    bar.set_postfix(loss=f"{value:.3e}", refresh=False)
+                    evaluations += record["evaluations"]
+                    applied += 1
+                    bar.set_postfix(loss=f"{value:.3e}", evals=f"{evaluations / applied:.3g}/step",
+                                    refresh=False)
                     bar.update(1)
                     if on_step:
                         on_step(record["step"], record)
@@ -417,7 +495,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                         history.stop_reason = "diverged"
                         write_status("diverged")
                         raise TrainingDivergedError(
-                            f"loss or gradient not finite at step {int(state.step)} "
+                            f"loss or gradient not finite at step {step} "
                             f"({history.nan_failures} failures, optim.max_nan_failures="
                             f"{cfg.max_nan_failures}); last learning-rate scale "
                             f"{float(anchor.state.lr_scale):.3g}. Lower optim.lr or check "
@@ -427,10 +505,11 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                     del history.records[anchor.n_records:]
                     if metrics:
                         metrics = _open_metrics(metrics_path, history.records, metrics)
-                    anchor = _Anchor(state, anchor.n_records)
-                    bar.n = int(state.step)
-                    log(f"step {int(candidate.step) - 1}: non-finite loss/gradient; back to "
-                        f"step {int(state.step)}, learning rate scaled by "
+                    failed, step = step, anchor.step
+                    anchor = _Anchor(state, anchor.n_records, step)
+                    bar.n = step
+                    log(f"step {failed}: non-finite loss/gradient; back to "
+                        f"step {step}, learning rate scaled by "
                         f"{float(state.lr_scale):.3g} (failure {history.nan_failures} of "
                         f"at most {cfg.max_nan_failures})")
 
@@ -442,16 +521,16 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
                     where = f"written to {store.directory}" if store else "not written"
                     then = ("so that the job is requeued" if history.stop_reason == "preempted"
                             else "(interrupted); the same command resumes")
-                    log(f"{signal_name(signum)}: checkpoint at step {int(anchor.state.step)} "
+                    log(f"{signal_name(signum)}: checkpoint at step {anchor.step} "
                         f"{where}; exiting with status {exit_code(signum)} {then}")
                     flag.forward()
-                    raise Preempted(int(anchor.state.step), signum)
+                    raise Preempted(anchor.step, signum)
                 if converged:
                     break
-                if store is not None and int(anchor.state.step) % checkpoint.every == 0:
+                if store is not None and anchor.step % checkpoint.every == 0:
                     save("running")
         history.stop_reason = history.stop_reason or "steps_done"
-        final_loss = float(jax.jit(loss)(state.theta, batch))
+        final_loss = float(jax.device_get(jax.jit(loss)(state.theta, batch)))
         save("done", wait=True)
     finally:
         bar.close()
@@ -461,7 +540,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             store.close()  # waits for a write still in flight
     history.best_theta = state.best_theta
     if math.isfinite(final_loss):
-        if final_loss < float(state.best_loss):
+        if final_loss < float(jax.device_get(state.best_loss)):
             history.best_theta = state.theta
         history.best_loss = min(history.best_loss, final_loss)
     history.losses = [r["loss"] for r in history.records] + [final_loss]
@@ -508,12 +587,13 @@ def _open_checkpoints(options: CheckpointOptions, resume: bool, fresh: TrainStat
     return store, restored.state, history
 
 
-def _record(state: TrainState, value: float, grad_norm: float,
-            describe: Callable[[Any], Mapping[str, float]] | None, t: float) -> dict[str, Any]:
-    record: dict[str, Any] = {"step": int(state.step), "loss": value, "grad_norm": grad_norm,
-                              "lr_scale": float(state.lr_scale), "time": t}
-    if describe:
-        record["params"] = {k: float(v) for k, v in describe(state.theta).items()}
+def _record(report: StepReport, t: float) -> dict[str, Any]:
+    record: dict[str, Any] = {"step": int(report.step), "loss": float(report.loss),
+                              "grad_norm": float(report.grad_norm),
+                              "lr_scale": float(report.lr_scale),
+                              "evaluations": int(report.evaluations), "time": t}
+    if report.params is not None:
+        record["params"] = {k: float(v) for k, v in report.params.items()}
     return record
 
 

@@ -26,6 +26,7 @@ from pdefit.adjoint import (
     repetition_number,
     revolve_plan,
     revolve_recomputations,
+    revolve_ticks,
     snapshots_for_budget,
 )
 from pdefit.gradcheck import taylor_test
@@ -93,6 +94,35 @@ def test_plan_reverses_every_step_once_with_minimal_advances(n, s):
     assert set(plan.kinds[: plan.first_reverse].tolist()) <= {ADVANCE, STORE}
 
 
+@pytest.mark.parametrize("n,s", [(1, 1), (2, 1), (9, 1), (37, 3), (1001, 7), (4000, 16),
+                                 (12, 40)])
+def test_branch_free_ticks_follow_the_plan(n, s):
+    """The branch-free executor's ticks reverse the same steps with the same advances."""
+    s = min(s, n)
+    plan, ticks = revolve_plan(n, s), revolve_ticks(revolve_plan(n, s))
+    slots = {0: 0}
+    assert len(ticks.forward_store) == n and ticks.forward_store[-1] == s
+    for step, slot in enumerate(ticks.forward_store[:-1].tolist()):
+        slots[slot] = step + 1
+    reversed_steps, advances = [n - 1], n - 1
+    for u, slot in enumerate(ticks.restore.tolist()):
+        live = slots[slot]
+        for t in range(ticks.first_tick[u], ticks.first_tick[u + 1]):
+            live, advances = live + 1, advances + 1
+            slots[int(ticks.tick_store[t])] = live
+        reversed_steps.append(live)
+    assert reversed_steps == list(range(n - 1, -1, -1))
+    assert advances == revolve_recomputations(n, s) == plan.count(ADVANCE)
+    assert set(ticks.restore.tolist()) <= set(range(s))
+
+
+def test_revolve_executor_is_checked_and_named_when_not_auto():
+    assert repr(Revolve(32)) == "Revolve(snapshots=32)"
+    assert repr(Revolve(4, "branch_free")) == "Revolve(snapshots=4, executor='branch_free')"
+    with pytest.raises(ValueError, match="executor 'gpu'"):
+        Revolve(4, "gpu")
+
+
 def test_binomial_helpers():
     assert binomial_capacity(3, 2) == math.comb(5, 3)
     assert repetition_number(10, 3) == 2  # β(3,1)=4 < 10 <= β(3,2)=10
@@ -114,10 +144,12 @@ def relative_error(a, b) -> float:
 
 
 ALL_SCHEDULES = (Revolve(1), Revolve(4), Revolve(64), Nested(2), Nested(3))
+# The executor for accelerators, run here on the CPU (where "auto" picks "segments").
+BRANCH_FREE = (Revolve(1, "branch_free"), Revolve(4, "branch_free"), Revolve(64, "branch_free"))
 
 
 @pytest.mark.parametrize(("boundaries", "integrator", "schedules"), [
-    (("neumann", "neumann"), "euler", ALL_SCHEDULES),
+    (("neumann", "neumann"), "euler", ALL_SCHEDULES + BRANCH_FREE),
     (("periodic", "neumann"), "euler", ALL_SCHEDULES),
     (("neumann", "neumann"), "rk4", (Revolve(4), Nested(2))),  # RK4 compiles slowly on CPU
 ])
@@ -161,8 +193,11 @@ def counting_chain(chain: LossChain, counter: list[int]) -> LossChain:
     return LossChain(step, chain.cost)
 
 
-@pytest.mark.parametrize("n,s", [(1, 1), (7, 1), (20, 1), (25, 3), (33, 4), (64, 6), (101, 8)])
-def test_step_evaluations_match_revolve_formula(n, s):
+@pytest.mark.parametrize("n,s,executor", [
+    (1, 1, "auto"), (7, 1, "auto"), (20, 1, "auto"), (25, 3, "auto"), (33, 4, "auto"),
+    (64, 6, "auto"), (101, 8, "auto"),
+    (1, 1, "branch_free"), (20, 1, "branch_free"), (101, 8, "branch_free")])
+def test_step_evaluations_match_revolve_formula(n, s, executor):
     problem, batch, _, theta = ap_problem(shape=(6, 6), n_steps=n, every=1)
     counter = [0]
     chain = counting_chain(problem.chain(), counter)
@@ -172,7 +207,7 @@ def test_step_evaluations_match_revolve_formula(n, s):
     data = obs._replace(values={k: v[0] for k, v in obs.values.items()},
                         weights={k: v[0] for k, v in obs.weights.items()},
                         scale={k: v[0] for k, v in obs.scale.items()})
-    grad = jax.jit(jax.grad(lambda p: Revolve(s).loss(chain, x0, p, data, n)))
+    grad = jax.jit(jax.grad(lambda p: Revolve(s, executor).loss(chain, x0, p, data, n)))
     jax.block_until_ready(grad(params))
     r = repetition_number(n, s)
     expected = n + r * n - binomial_capacity(s + 1, r - 1) if n > 1 else 1

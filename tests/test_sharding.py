@@ -49,6 +49,18 @@ def test_loss_and_gradient_equal_single_device(boundaries, dtype, tolerance):
             assert not grad["fields"]["v"].sharding.is_fully_replicated
 
 
+def test_branch_free_revolve_on_a_mesh_equals_single_device():
+    """The executor accelerators use, inside ``shard_map`` (here on virtual CPU devices)."""
+    problem, batch, _, theta = ap_problem(shape=(16, 16), n_steps=21, every=5,
+                                          fit_fields=("v",), n_exp=2, schedule=Revolve(4))
+    reference = jax.jit(problem.value_and_grad)(theta, batch)
+    sharded = dataclasses.replace(problem, domain=Domain.build((2, 4)),
+                                  schedule=Revolve(4, "branch_free"))
+    value, grad = jax.jit(sharded.value_and_grad)(theta, batch)
+    assert abs(float(value) - float(reference[0])) <= 1e-12 * abs(float(reference[0]))
+    assert max_relative_difference(grad, reference[1]) <= 1e-12
+
+
 def test_tile_halo_exchange_matches_global_padding():
     """Every tile's padded block equals the matching window of the globally padded field."""
     from jax.sharding import PartitionSpec as P
