@@ -280,6 +280,36 @@ def test_paper_surrogate_configs_validate_and_share_one_truth(tmp_path):
                                     "precision=float32"), "ap", "bocf")
 
 
+def test_compare_forecasts_on_shared_fields_and_one_truth_frame_by_frame():
+    """Validity on the fields both runs compare (a surrogate compares only u), normalised by
+    the truth's range; a truth that parts from this run's at some frame is refused there."""
+    from pdefit.forecast import EvaluationError, compare_forecasts
+
+    times = np.arange(6.0)
+    truth = {"truth_min": {"u": [0.0] * 6, "v": [0.0] * 6},
+             "truth_max": {"u": [2.0] * 6, "v": [1.0] * 6}}
+
+    def run(name, system, window, mae, fields=("u", "v")):
+        return {"run_dir": f"runs/{name}", "model_system": system, "training_window": window,
+                "truth_system": "bocf", "truth_quiescent_from": None, "compared_fields":
+                list(fields), "curves": {"time": times.tolist(), "mae": mae, **truth}}
+
+    bocf = run("bocf", "bocf", [0.0, 2.0], {"u": [0.0, 0.0, 0.0, 0.05, 0.2, 0.3],
+                                           "v": [1.0] * 6})
+    ap = run("ap", "aliev_panfilov", [0.0, 2.0], {"u": [0.01, 0.02, 0.2, 0.4, 0.6, 0.6]},
+             fields=("u",))
+    comparison = compare_forecasts(bocf, [ap], 0.05)
+    assert comparison["fields"] == ["u"]  # v is BOCF's alone
+    valid = {r["label"]: r["valid_for"] for r in comparison["runs"]}
+    # MAE / 2 ≤ 0.05 up to t = 3 for BOCF (its v error does not count), t = 1 for AP.
+    assert valid == {"bocf refit (bocf)": 3.0, "aliev_panfilov refit (ap)": 1.0}
+    parted = run("ap2", "aliev_panfilov", [0.0, 2.0], {"u": [0.0] * 6}, fields=("u",))
+    parted["curves"]["truth_max"] = {"u": [2.0, 2.0, 2.0, 2.0, 2.5, 2.0]}
+    with pytest.raises(EvaluationError, match=r"differs from runs/bocf's at t = 4 "
+                                              r"\(truth_max of u\)"):
+        compare_forecasts(bocf, [parted], 0.05)
+
+
 def test_evaluate_compares_forecasts_of_one_truth(tmp_path):
     """Two fits of one truth (one at the truth, a copy of it with k doubled) forecast side by
     side: evaluation.json holds both MAE curves, validities and training windows, the plot is
