@@ -15,6 +15,12 @@ are copied next to it into docs/results/. Run from the repository root after the
     pdefit-fit experiment=bocf_refit_for_ap run.dir=runs/results/bocf_refit_for_ap
     pdefit-evaluate runs/results/ap_from_bocf \
         evaluate.compare=[runs/results/bocf_refit_for_ap]
+    pdefit-fit experiment=ap_from_bocf system.grid.shape=[256,256] \
+        simulate.system.grid.shape=[256,256] run.dir=runs/results256/ap_from_bocf
+    pdefit-fit experiment=bocf_refit_for_ap system.grid.shape=[256,256] \
+        run.dir=runs/results256/bocf_refit_for_ap
+    pdefit-evaluate runs/results256/ap_from_bocf \
+        evaluate.compare=[runs/results256/bocf_refit_for_ap]
     python benchmarks/forward.py
     python docs/make_results.py
 
@@ -46,6 +52,8 @@ RUN_DIRS = {
 }
 # The file that says a run finished.
 RESULT_FILE = {"bocf_ranking": "ranking.json", "bocf_ranking_sharp": "ranking.json"}
+# The surrogate case at 256² (a section of its own, kept when the run is not found).
+SURROGATE_256 = ROOT / "runs" / "results256" / "ap_from_bocf"
 FIGURES = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 FORWARD = ROOT / "benchmarks" / "results" / "forward.json"
@@ -151,11 +159,38 @@ def forecast_lines(ev: dict[str, Any] | None, unit: str) -> list[str]:
         lines.append(f"- forecasts of the same truth compared on "
                      f"{', '.join(comparison['fields'])} (normalised MAE ≤ "
                      f"{comparison['threshold']}):")
+        span = ev["curves"]["time"][-1] - ev["curves"]["time"][0]
         for run in comparison["runs"]:
             window = run["training_window"]
-            lines.append(f"  - {run['label']}: valid for {run['valid_for']:g} {unit} (training "
-                         f"window {window[0]:g}–{window[1]:g} {unit})")
+            whole = " (the whole horizon)" if run["valid_for"] >= span else ""
+            lines.append(f"  - {run['label']}: valid for {run['valid_for']:g} {unit}{whole} "
+                         f"(training window {window[0]:g}–{window[1]:g} {unit}){fit_note(run)}")
     return lines
+
+
+def fit_note(run: Mapping[str, Any]) -> str:
+    """``; loss … in … s, parameters …`` of a compared run's summary.json, where it is found."""
+    summary = load(ROOT / run["run_dir"] / "summary.json")
+    if summary is None:
+        return ""
+    note = (f"; its fit: loss {summary['initial_loss']:.3e} → {summary['best_loss']:.3e} in "
+            f"{summary['wall_time_s']:.0f} s")
+    if summary.get("mean_rel_error") is not None:
+        note += (f", parameters off by {pct(summary['mean_rel_error'])} on average (max "
+                 f"{pct(summary['max_rel_error'])})")
+    return note
+
+
+def surrogate_256_section() -> list[str] | None:
+    """The 256² surrogate run's fit and its comparison, without the figures."""
+    summary = load(SURROGATE_256 / "summary.json")
+    ev = load(SURROGATE_256 / "evaluation.json")
+    if summary is None or ev is None:
+        return None
+    return [f"{summary['system']} on {summary['grid'][0]}×{summary['grid'][1]}, loss "
+            f"{summary['initial_loss']:.3e} → {summary['best_loss']:.3e} in "
+            f"{summary['wall_time_s']:.0f} s of optimisation:", "",
+            *forecast_lines(ev, "ms")]
 
 
 def stages_text(stages: list | None) -> str:
@@ -267,6 +302,12 @@ def section(heading: str, intro: list[str], lines: list[str] | None,
     return [heading, "", *intro, "*Not run yet.*", ""]
 
 
+def optional_section(heading: str, lines: list[str] | None,
+                     old: Mapping[str, list[str]]) -> list[str]:
+    """:func:`section` for a variant that need not have been run: nothing while it never was."""
+    return section(heading, [], lines, old) if lines is not None or heading in old else []
+
+
 def chosen_dirs(argv: Sequence[str]) -> dict[str, Path]:
     chosen = {}
     for arg in argv:
@@ -310,8 +351,9 @@ def main(argv: Sequence[str] = ()) -> None:
             "`evaluate.compare` forecasts both against the one truth. The paper: AP "
             "reproduces the BOCF dynamics over the window and breaks down sooner after it. "
             "The 0.5 s variant (`experiment=ap_from_bocf_long`, D = 0.05, random stimuli) "
-            "never gives a valid forecast (0 ms).", ""],
+            "gave no valid forecast at all (0 ms; this page at commit 988a832).", ""],
                  fit_section(dirs, "ap_from_bocf", "ms"), old),
+        *optional_section("### The same at 256²", surrogate_256_section(), old),
         *section("## Forward speed (`benchmarks/forward.py`)", [], forward_section(), old),
     ]
     PAGE.write_text("\n".join(page).rstrip("\n") + "\n")
