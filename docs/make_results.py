@@ -351,7 +351,8 @@ def main(argv: Sequence[str] = ()) -> None:
             "`evaluate.compare` forecasts both against the one truth. The paper: AP "
             "reproduces the BOCF dynamics over the window and breaks down sooner after it. "
             "The 0.5 s variant (`experiment=ap_from_bocf_long`, D = 0.05, random stimuli) "
-            "gave no valid forecast at all (0 ms; this page at commit 988a832).", ""],
+            "gave no valid forecast at all (0 ms; this page at commit 988a832). Times of "
+            "these runs: 2 CPU cores shared with other jobs.", ""],
                  fit_section(dirs, "ap_from_bocf", "ms"), old),
         *optional_section("### The same at 256²", surrogate_256_section(), old),
         *section("## Forward speed (`benchmarks/forward.py`)", [], forward_section(), old),
