@@ -8,6 +8,7 @@ offending key.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -264,6 +265,10 @@ class EvaluateConfig:
     # The truth is at rest once fewer than this share of its points is active (the system's
     # `activity`, else still changing; pdefit/activity.py) to the horizon.
     min_active_fraction: float = 0.05
+    # Finished fits of the same truth (run directories) whose forecasts are plotted with this
+    # one's, e.g. a BOCF refit next to its Aliev–Panfilov surrogate (the seed paper's Fig. 2c).
+    # (dataclasses.field: `field` is one of this class's keys)
+    compare: list[str] = dataclasses.field(default_factory=list)
 
 
 @dataclass

@@ -458,3 +458,43 @@ def plot_traces(times: np.ndarray, truth: np.ndarray, model: np.ndarray, train_e
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def plot_comparison(times: np.ndarray, comparison: Mapping[str, Any], path: Path,
+                    time_unit: str = "", field_units: Mapping[str, str] | None = None) -> None:
+    """The forecast MAE of several fits of one truth on one log axis (the seed paper's Fig.
+    2c): one curve per run and compared field, each run's training window shaded and the end
+    of its validity (normalised MAE ≤ the threshold) dotted in its colour."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fields = list(comparison["fields"])
+    units = {(field_units or {}).get(f, "") for f in fields}
+    name = fields[0] if len(fields) == 1 else ", ".join(fields)
+    fig, ax = plt.subplots(figsize=(6, 3.6), layout="constrained")
+    windows = {tuple(run["training_window"]) for run in comparison["runs"]}
+    for i, (start, end) in enumerate(sorted(windows)):
+        ax.axvspan(start, end, color="0.85", zorder=0,
+                   label="training window" if i == 0 else None)
+    styles = ("-", "--", "-.", ":")
+    for k, run in enumerate(comparison["runs"]):
+        colour = f"C{k}"
+        for j, f in enumerate(fields):
+            label = run["label"] + ("" if len(fields) == 1 else f", {f}")
+            ax.semilogy(times, np.maximum(np.asarray(run["mae"][f], np.float64), 1e-12),
+                        color=colour, ls=styles[j % len(styles)], lw=1.2, label=label)
+        end = run["training_window"][0] + run["valid_for"]
+        whole = run["valid_for"] >= times[-1] - times[0]
+        ax.axvline(end, color=colour, ls=":", lw=1,
+                   label=("valid for " if not whole else "valid to the horizon, ")
+                   + f"{run['valid_for']:.4g}"
+                   + ("" if time_unit in ("", "1") else f" {time_unit}"))
+    ax.set_xlabel(unit_label("time", time_unit))
+    ax.set_ylabel(unit_label(f"MAE of {name}", units.pop() if len(units) == 1 else ""))
+    ax.set_title(f"forecasts of one {comparison['truth_system']} truth (valid: normalised MAE "
+                 f"≤ {comparison['threshold']:g})", fontsize=9)
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

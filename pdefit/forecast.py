@@ -9,10 +9,19 @@ twins vmapped) that keeps, per frame, only the error statistics, the truth's act
 (:mod:`pdefit.activity`) and one field's images, so a forecast of thousands of frames fits in
 memory. A validity that runs into resting truth is reported as such (``valid_while_active``,
 ``truth_quiescent_from``). Metrics and plots are in :mod:`pdefit.evaluate`.
+
+``evaluate.compare=[RUN_DIR, ...]`` adds the forecasts of other fits of the same truth (e.g. a
+BOCF refit next to its Aliev–Panfilov surrogate, the seed paper's Fig. 2c): each run's truth
+description and its dataset's first frame are checked before anything is simulated, the others
+are forecast over this run's frames at its precision, their truths are checked frame by frame
+(the range of each field), and the MAE curves of the
+fields all runs compare, each run's validity on them and the training windows go into
+``evaluation.json`` (``comparison``) and ``forecast_compare.png``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
@@ -29,6 +38,7 @@ from omegaconf import OmegaConf
 from . import assemble
 from .activity import activity_measure, quiescent_from
 from .config import FitConfig
+from .data import open_dataset
 from .evaluate import (
     activation_time_error,
     error_summary,
@@ -36,6 +46,7 @@ from .evaluate import (
     format_percent,
     lyapunov_estimate,
     plot_activity,
+    plot_comparison,
     plot_fields,
     plot_forecast,
     plot_traces,
@@ -157,13 +168,181 @@ def _check_evaluate_settings(ev: Any) -> None:
             raise EvaluationError(f"evaluate.{key} must be a positive number, got {value!r}")
 
 
+# -- runs that forecast one truth ---------------------------------------------------------------
+
+
+def truth_description(cfg: Any, experiment: int = 0) -> dict[str, tuple[str, Any]]:
+    """What fixes the truth a run is evaluated against, as ``role → (config key, value)``:
+    the data-making system with every option and parameter resolved (defaults included), its
+    grid, time step and integrator, the precision it was simulated at (a chaotic truth made in
+    float32 parts from one made in float64), the seed of the experiment and the training
+    window's start. ``cfg`` is the run's saved config (no evaluation overrides).
+    Roles are the same for a surrogate fit (``simulate.system.*``) and a fit of the data's own
+    system (``system.*``), so the two compare."""
+    sys_cfg = assemble.data_system_config(cfg)
+    prefix = "system" if getattr(cfg.simulate, "system", None) is None else "simulate.system"
+    system = assemble.make_system(sys_cfg)
+    out: dict[str, tuple[str, Any]] = {"name": (f"{prefix}.name", system.name)}
+    if dataclasses.is_dataclass(system):
+        out.update({f"options.{f.name}": (f"{prefix}.options.{f.name}", getattr(system, f.name))
+                    for f in dataclasses.fields(system)})
+    else:
+        out["options"] = (f"{prefix}.options", OmegaConf.to_container(sys_cfg.options))
+    out.update({f"params.{k}": (f"{prefix}.params.{k}", np.asarray(v).tolist())
+                for k, v in assemble.system_params(system, sys_cfg.params).items()})
+    out.update({f"grid.{k}": (f"{prefix}.grid.{k}", list(getattr(sys_cfg.grid, k)))
+                for k in ("shape", "spacing", "boundaries")})
+    out["dt"] = (f"{prefix}.dt", float(sys_cfg.dt))
+    out["integrator"] = (f"{prefix}.integrator", sys_cfg.integrator)
+    out["precision"] = ("precision", cfg.precision)
+    experiments = (list(range(cfg.simulate.n_experiments)) if cfg.data.experiments is None
+                   else list(cfg.data.experiments))
+    out["seed"] = ("simulate.seed (+ data.experiments)",
+                   int(cfg.simulate.seed) + experiments[experiment])
+    for key in ("per_experiment", "arrays"):
+        out[key] = (f"simulate.{key}", OmegaConf.to_container(getattr(cfg.simulate, key)))
+    first = 0 if cfg.data.frames is None else int(cfg.data.frames[0])
+    out["start"] = ("data.frames[0] × simulate.steps_per_frame × dt (the window's start)",
+                    first * int(cfg.simulate.steps_per_frame) * float(sys_cfg.dt))
+    return out
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(
+            a, bool) and not isinstance(b, bool):
+        return math.isclose(a, b, rel_tol=1e-12, abs_tol=1e-15)
+    return a == b
+
+
+def check_same_truth(cfg: Any, other_cfg: Any, run_dir: Path, other_dir: Path,
+                     experiment: int = 0) -> None:
+    """An EvaluationError naming each config key where ``other_dir``'s truth differs from
+    ``run_dir``'s (:func:`truth_description`)."""
+    mine, theirs = truth_description(cfg, experiment), truth_description(other_cfg, experiment)
+    missing = ("—", "(not set)")
+    differences = []
+    for role in [*mine, *(r for r in theirs if r not in mine)]:
+        (key, value), (other_key, other_value) = mine.get(role, missing), theirs.get(
+            role, missing)
+        if not _same_value(value, other_value):
+            differences.append(f"{key} = {value!r} in {run_dir}, {other_key} = "
+                               f"{other_value!r} in {other_dir}")
+    if differences:
+        raise EvaluationError(f"evaluate.compare: {other_dir} is evaluated against another truth "
+                              f"than {run_dir}: " + "; ".join(differences))
+
+
+def check_same_data(run_dir: Path, other_dir: Path, experiment: int = 0) -> None:
+    """Where both runs simulated noise-free datasets, an EvaluationError unless the fields both
+    hold agree at the first frame: the datasets the fits saw show the same truth."""
+    paths = [run_dir / "data.zarr", other_dir / "data.zarr"]
+    if not all(p.exists() for p in paths):
+        return
+    mine, theirs = (open_dataset(p) for p in paths)
+    if any(d.meta.noise.get("kind", "none") != "none" for d in (mine, theirs)):
+        return
+    for name in (f for f in mine.meta.fields if f in theirs.meta.fields):
+        a, b = (d.read(name, experiments=experiment, frames=0) for d in (mine, theirs))
+        if a.shape != b.shape or not np.array_equal(a, b, equal_nan=True):
+            gap = (float(np.nanmax(np.abs(a - b))) if a.shape == b.shape
+                   else f"shapes {a.shape} and {b.shape}")
+            raise EvaluationError(f"evaluate.compare: the datasets of {run_dir} and {other_dir} "
+                                  f"differ at their first frame ({name}: max |Δ| {gap}): "
+                                  "their fits saw different truths")
+
+
+def compared_runs(cfg: Any, run_dir: Path, experiment: int = 0,
+                  ) -> list[tuple[Path, Any]]:
+    """The finished fits ``evaluate.compare`` names, with their configs, each checked to be
+    evaluable against the same truth as ``run_dir`` (before anything is simulated): the same
+    truth description (:func:`check_same_truth`) and the same first frame of their datasets
+    (:func:`check_same_data`)."""
+    if not cfg.evaluate.compare:
+        return []
+    saved = load_run_config(run_dir)  # the precision its data were made at, not overridden
+    others = []
+    for name in cfg.evaluate.compare:
+        other = Path(name)
+        try:
+            other_cfg = load_run_config(other)
+        except EvaluationError as err:
+            raise EvaluationError(f"evaluate.compare: {err}") from None
+        if not (other / FITTED_FILE).exists():
+            raise EvaluationError(f"evaluate.compare: {other} has no {FITTED_FILE}: not a "
+                                  "finished pdefit-fit run")
+        if other_cfg.data.path is not None:
+            raise EvaluationError(f"evaluate.compare: {other} fits data.path="
+                                  f"{other_cfg.data.path}; its truth cannot be re-simulated")
+        check_same_truth(saved, other_cfg, run_dir, other, experiment)
+        check_same_data(run_dir, other, experiment)
+        others.append((other, other_cfg))
+    return others
+
+
+def _first_difference(a: Sequence[float], b: Sequence[float]) -> int | None:
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    off = np.flatnonzero(~np.isclose(a, b, rtol=1e-6, atol=1e-9))
+    return int(off[0]) if off.size else None
+
+
+def compare_forecasts(result: Mapping[str, Any], others: Sequence[Mapping[str, Any]],
+                      threshold: float) -> dict[str, Any]:
+    """``result`` (this run's evaluation) and ``others`` (other runs' evaluations over the same
+    frames) on the fields they all compare: each run's MAE per field, its normalised MAE (MAE
+    over the truth's range, averaged over those fields) and how long that stays at or below
+    ``threshold`` (``valid_for``; ``valid_while_active`` cut at the truth's rest), with its
+    training window. An EvaluationError if the frames or the truths differ."""
+    times = np.asarray(result["curves"]["time"])
+    fields = [f for f in result["compared_fields"]
+              if all(f in o["compared_fields"] for o in others)]
+    if not fields:
+        raise EvaluationError("evaluate.compare: the runs compare no field in common")
+    for other in others:
+        if len(other["curves"]["time"]) != times.size or _first_difference(
+                other["curves"]["time"], times) is not None:
+            raise EvaluationError(f"evaluate.compare: {other['run_dir']} was forecast on other "
+                                  "frames")
+        for f in fields:
+            for key in ("truth_min", "truth_max"):
+                at = _first_difference(other["curves"][key][f], result["curves"][key][f])
+                if at is not None:
+                    raise EvaluationError(
+                        f"evaluate.compare: the truth of {other['run_dir']} differs from "
+                        f"{result['run_dir']}'s at t = {times[at]:g} ({key} of {f})")
+    span = {f: max(result["curves"]["truth_max"][f]) - min(result["curves"]["truth_min"][f])
+            for f in fields}
+    runs = []
+    for run in (result, *others):
+        mae = {f: list(run["curves"]["mae"][f]) for f in fields}
+        normalised = np.mean([np.asarray(mae[f]) / max(span[f], 1e-30) for f in fields], axis=0)
+        valid = validity_horizon(times, normalised, threshold)
+        rest = run["truth_quiescent_from"]
+        runs.append({
+            "run_dir": run["run_dir"], "model_system": run["model_system"],
+            "label": f"{run['model_system']} refit ({Path(run['run_dir']).name})",
+            "training_window": list(run["training_window"]), "valid_for": valid,
+            "valid_while_active": valid if rest is None else max(
+                0.0, min(valid, rest - float(times[0]))),
+            "mae": mae, "normalised_mae": normalised.tolist()})
+    return {"fields": fields, "threshold": threshold, "truth_system": result["truth_system"],
+            "truth_quiescent_from": result["truth_quiescent_from"], "runs": runs}
+
+
+# -- the evaluation -----------------------------------------------------------------------------
+
+
 def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int = 0,
-                 log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Forecast, metrics, plots and ``evaluation.json`` for the finished fit in ``run_dir``."""
+                 log: Callable[[str], None] = print, write: bool = True) -> dict[str, Any]:
+    """Forecast, metrics, plots and ``evaluation.json`` for the finished fit in ``run_dir``
+    (``write=False``: the result only, nothing written), with the runs of
+    ``evaluate.compare`` forecast alongside (:func:`compare_forecasts`)."""
     started = time.perf_counter()
     run_dir = Path(run_dir)
     cfg = load_run_config(run_dir, overrides)
     ev = cfg.evaluate
+    others = compared_runs(cfg, run_dir, experiment)
     if int(ev.lyapunov_directions) < 1:
         raise EvaluationError(f"evaluate.lyapunov_directions={ev.lyapunov_directions}: need "
                               "at least one perturbation direction")
@@ -277,6 +456,9 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
         "curves": {
             "time": times.tolist(),
             "mae": {f: mae[:, i].tolist() for i, f in enumerate(compare)},
+            "truth_min": {f: np.asarray(out["low"])[:, i].tolist() for i, f in enumerate(compare)},
+            "truth_max": {f: np.asarray(out["high"])[:, i].tolist()
+                          for i, f in enumerate(compare)},
             "normalised_mae": normalised.tolist(),
             "time_lyapunov": None if exponent is None else (
                 (times - t_first) * exponent).tolist(),
@@ -289,6 +471,20 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
         },
         "wall_time_s": None,
     }
+    if others:
+        # The others on this run's frames and precision (a float32 and a float64 truth part
+        # ways in a chaotic system), with one twin each: their Lyapunov fits are not used.
+        same = [f"precision={cfg.precision}", f"evaluate.horizon={horizon}",
+                f"evaluate.frame_interval={interval}", "evaluate.lyapunov_directions=1",
+                "evaluate.compare=[]"]
+        evaluations = []
+        for other, _ in others:
+            log(f"evaluate.compare: forecasting {other}")
+            evaluations.append(evaluate_run(other, same, experiment, log, write=False))
+        result["comparison"] = compare_forecasts(result, evaluations, float(ev.threshold))
+    if not write:
+        result["wall_time_s"] = time.perf_counter() - started
+        return result
 
     centre = (grid.shape[0] // 2, grid.shape[1] // 2)
     truth_images = np.asarray(out["truth_image"])
@@ -325,6 +521,11 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
                 [times[i] for i in picks], run_dir / "difference_maps.png",
                 units={image: image_unit}, time_unit=meta.time_unit,
                 labels=("truth", "model"), origin=image_origin(truth_system, grid))
+    if others:
+        plot_comparison(times, result["comparison"], run_dir / "forecast_compare.png",
+                        time_unit=meta.time_unit,
+                        field_units={f: meta.field_attrs.get(f, {}).get("units", "")
+                                     for f in result["comparison"]["fields"]})
     result["wall_time_s"] = time.perf_counter() - started
     (run_dir / "evaluation.json").write_text(json.dumps(result, indent=2))
     return result
@@ -368,6 +569,16 @@ def format_evaluation(result: Mapping[str, Any]) -> str:
         lines.append(f"parameters: mean |rel. deviation| "
                      f"{format_percent(result['parameter_mean_rel_error'])}, median "
                      f"{format_percent(result['parameter_median_rel_error'])}")
+    comparison = result.get("comparison")
+    if comparison:
+        lines.append(f"compared on {', '.join(comparison['fields'])} (normalised MAE ≤ "
+                     f"{comparison['threshold']}):")
+        for run in comparison["runs"]:
+            whole = run["valid_for"] >= result["curves"]["time"][-1] - result["curves"]["time"][0]
+            lines.append(f"  {run['label']}: valid for {run['valid_for']:g}{unit}"
+                         + (" (the whole horizon)" if whole else "")
+                         + f" from the training window's start (window "
+                         f"{run['training_window'][0]:g}–{run['training_window'][1]:g}{unit})")
     return "\n".join(lines)
 
 
@@ -386,11 +597,19 @@ activation_error.png).
 
 keys: horizon (default 4 x the training window), frame_interval, threshold (0.05), field,
 activation_level, maps_at, lyapunov_perturbation, lyapunov_directions (4),
-min_active_fraction (0.05) (pdefit/config.py EvaluateConfig)
+min_active_fraction (0.05), compare (pdefit/config.py EvaluateConfig)
 
-example:
+evaluate.compare=[RUN_DIR2,...] forecasts other fits of the same truth alongside (refused,
+naming the differing keys, if their truth is not the same) and plots every run's MAE of the
+fields they share on one log axis with the training windows marked (forecast_compare.png;
+the curves and each run's validity under "comparison" in evaluation.json).
+
+examples:
   pdefit-fit experiment=bocf_recovery run.name=bocf
-  pdefit-evaluate runs/fit/bocf evaluate.horizon=2000"""
+  pdefit-evaluate runs/fit/bocf evaluate.horizon=2000
+  pdefit-fit experiment=ap_from_bocf run.name=ap
+  pdefit-fit experiment=bocf_refit_for_ap run.name=bocf_for_ap
+  pdefit-evaluate runs/fit/ap evaluate.compare=[runs/fit/bocf_for_ap]"""
 
 
 def main(argv: Sequence[str] | None = None) -> None:

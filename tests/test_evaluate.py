@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
@@ -207,7 +208,7 @@ def test_evaluate_refuses_what_it_cannot_do(tmp_path):
         evaluate_run(tmp_path, ["optim.lr=3"])
 
 
-SURROGATE = ["experiment=ap_from_bocf", "system.grid.shape=[16,16]",
+SURROGATE = ["experiment=ap_from_bocf_long", "system.grid.shape=[16,16]",
              "simulate.system.grid.shape=[16,16]", "+simulate.system.options.init_stimuli=4",
              "+simulate.system.options.init_duration=200", "simulate.n_frames=5",
              "run.progress=false", "run.plots=false"]
@@ -236,6 +237,137 @@ def test_surrogate_fit_reads_only_observed_fields_on_the_model_clock(tmp_path):
     with pytest.raises(DatasetError, match="made by system 'bocf'"):
         other = config(tmp_path, *SURROGATE, "data.system=null")
         assemble.build_fit(other, _dataset_for(other, tmp_path, dtype), dtype)
+
+
+def test_paper_surrogate_configs_validate_and_share_one_truth(tmp_path):
+    """experiment=ap_from_bocf is the seed paper's case (50 ms of u, a frame per AP step, AP's
+    parameters and both initial fields fitted), bocf_refit_for_ap fits BOCF to the same truth,
+    and ap_from_bocf_long still composes; the same-truth check names a differing key."""
+    from pdefit import assemble
+    from pdefit.forecast import EvaluationError, check_same_truth
+    from pdefit.validate import validate_fit
+
+    ap, bocf, long = (config(tmp_path, f"experiment={name}") for name in (
+        "ap_from_bocf", "bocf_refit_for_ap", "ap_from_bocf_long"))
+    for cfg in (ap, bocf, long):
+        validate_fit(cfg, log=lambda _: None)
+    meta = assemble.dataset_meta(ap)[0]
+    assert meta.system == "bocf" and meta.n_frames == 78 and ap.simulate.steps_per_frame == 10
+    assert meta.times[-1] == pytest.approx(49.665)  # ≈ 50 ms
+    assert meta.frame_interval / ap.data.time_scale == pytest.approx(ap.system.dt)  # one step
+    assert ap.simulate.system.integrator == "rush_larsen"
+    assert ap.simulate.system.options.heaviside_width == 0.0
+    assert list(ap.observe.fields) == ["u"] and dict(ap.fit.initial_fields) == {
+        "u": "fit", "v": "fit"}
+    assert "D" in ap.fit.params and pytest.approx(0.1 * 12.9) == ap.system.params.D
+    assert ap.optim.steps == 2500
+    check_same_truth(ap, bocf, tmp_path / "ap", tmp_path / "bocf")  # no error
+    for cfg in (ap, bocf):  # the evaluation frames fall on both clocks
+        for dt in (assemble.data_system_config(cfg).dt, cfg.system.dt * cfg.data.time_scale):
+            ratio = cfg.evaluate.frame_interval / dt
+            assert ratio == pytest.approx(round(ratio))
+    assert ap.evaluate.frame_interval == bocf.evaluate.frame_interval
+    other = config(tmp_path, "experiment=bocf_refit_for_ap", "system.params.D=0.05")
+    with pytest.raises(EvaluationError, match=r"simulate\.system\.params\.D = 0\.1 in .*"
+                                              r"system\.params\.D = 0\.05"):
+        check_same_truth(ap, other, tmp_path / "ap", tmp_path / "bocf")
+    with pytest.raises(EvaluationError, match=r"options\.heaviside_width"):
+        check_same_truth(ap, config(tmp_path, "experiment=bocf_refit_for_ap",
+                                    "system.options.heaviside_width=0.01"), "ap", "bocf")
+    with pytest.raises(EvaluationError, match="precision = 'float64' in ap, precision = "
+                                              "'float32' in bocf"):
+        check_same_truth(ap, config(tmp_path, "experiment=bocf_refit_for_ap",
+                                    "precision=float32"), "ap", "bocf")
+
+
+def test_compare_forecasts_on_shared_fields_and_one_truth_frame_by_frame():
+    """Validity on the fields both runs compare (a surrogate compares only u), normalised by
+    the truth's range; a truth that parts from this run's at some frame is refused there."""
+    from pdefit.forecast import EvaluationError, compare_forecasts
+
+    times = np.arange(6.0)
+    truth = {"truth_min": {"u": [0.0] * 6, "v": [0.0] * 6},
+             "truth_max": {"u": [2.0] * 6, "v": [1.0] * 6}}
+
+    def run(name, system, window, mae, fields=("u", "v")):
+        return {"run_dir": f"runs/{name}", "model_system": system, "training_window": window,
+                "truth_system": "bocf", "truth_quiescent_from": None, "compared_fields":
+                list(fields), "curves": {"time": times.tolist(), "mae": mae, **truth}}
+
+    bocf = run("bocf", "bocf", [0.0, 2.0], {"u": [0.0, 0.0, 0.0, 0.05, 0.2, 0.3],
+                                           "v": [1.0] * 6})
+    ap = run("ap", "aliev_panfilov", [0.0, 2.0], {"u": [0.01, 0.02, 0.2, 0.4, 0.6, 0.6]},
+             fields=("u",))
+    comparison = compare_forecasts(bocf, [ap], 0.05)
+    assert comparison["fields"] == ["u"]  # v is BOCF's alone
+    valid = {r["label"]: r["valid_for"] for r in comparison["runs"]}
+    # MAE / 2 ≤ 0.05 up to t = 3 for BOCF (its v error does not count), t = 1 for AP.
+    assert valid == {"bocf refit (bocf)": 3.0, "aliev_panfilov refit (ap)": 1.0}
+    parted = run("ap2", "aliev_panfilov", [0.0, 2.0], {"u": [0.0] * 6}, fields=("u",))
+    parted["curves"]["truth_max"] = {"u": [2.0, 2.0, 2.0, 2.0, 2.5, 2.0]}
+    with pytest.raises(EvaluationError, match=r"differs from runs/bocf's at t = 4 "
+                                              r"\(truth_max of u\)"):
+        compare_forecasts(bocf, [parted], 0.05)
+
+
+def test_evaluate_compares_forecasts_of_one_truth(tmp_path):
+    """Two fits of one truth (one at the truth, a copy of it with k doubled) forecast side by
+    side: evaluation.json holds both MAE curves, validities and training windows, the plot is
+    written; a run of another truth is refused before anything is simulated."""
+    import shutil
+
+    import yaml
+
+    from pdefit.cli import fit
+    from pdefit.forecast import EvaluationError, evaluate_run, format_evaluation
+
+    base = [*SMALL, "precision=float64", "optim=adam", "optim.steps=1", "fit.params=[k,a]",
+            "fit.uncertainty=false"]
+    exact, rough = tmp_path / "exact", tmp_path / "rough"
+    fit(config(exact, *base, "fit.perturb=null"))
+    shutil.copytree(exact, rough)
+    with np.load(exact / "fitted.npz") as stored:
+        theta = dict(stored)
+    theta["params/k"] = theta["params/k"] + np.log(2.0)  # k is fitted in log space
+    np.savez(rough / "fitted.npz", **theta)
+    result = evaluate_run(exact, ["evaluate.horizon=30", f"evaluate.compare=[{rough}]",
+                                  "evaluate.activation_level=null",
+                                  "evaluate.lyapunov_directions=1"], log=lambda _: None)
+    stored = json.loads((exact / "evaluation.json").read_text())
+    comparison = stored["comparison"]
+    assert comparison == json.loads(json.dumps(result["comparison"]))
+    assert comparison["fields"] == ["u", "v"] and comparison["threshold"] == 0.05
+    runs = {Path(r["run_dir"]).name: r for r in comparison["runs"]}
+    assert list(runs) == ["exact", "rough"]
+    n = len(stored["curves"]["time"])
+    assert n == 61 and all(len(r["mae"][f]) == n for r in runs.values() for f in ("u", "v"))
+    assert runs["exact"]["training_window"] == [0.0, 1.5]
+    assert runs["rough"]["training_window"] == [0.0, 1.5]
+    assert max(runs["exact"]["mae"]["u"]) < 1e-6 < max(runs["rough"]["mae"]["u"])
+    assert runs["exact"]["valid_for"] == pytest.approx(30.0)
+    assert runs["rough"]["valid_for"] < 30.0
+    assert (exact / "forecast_compare.png").stat().st_size > 0
+    assert not (rough / "evaluation.json").exists()  # the compared run is left as it was
+    assert "aliev_panfilov refit (rough): valid for" in format_evaluation(result)
+    # Another truth: the same run with another simulate.seed, refused naming the key.
+    other = tmp_path / "other"
+    shutil.copytree(rough, other)
+    saved = yaml.safe_load((other / "config.yaml").read_text())
+    saved["simulate"]["seed"] += 1
+    (other / "config.yaml").write_text(yaml.safe_dump(saved))
+    with pytest.raises(EvaluationError, match=r"evaluate\.compare: .*simulate\.seed"):
+        evaluate_run(exact, [f"evaluate.compare=[{other}]"], log=lambda _: None)
+    # Data of another truth under a matching description: the first frames tell.
+    from pdefit import assemble
+    from pdefit.forecast import check_same_data
+
+    check_same_data(exact, rough)  # no error: one truth
+    assemble.simulate_dataset(config(other, *SMALL, "simulate.seed=1"), other / "data.zarr",
+                              assemble.set_precision("float64"), log=lambda _: None)
+    with pytest.raises(EvaluationError, match="differ at their first frame"):
+        check_same_data(exact, other)
+    with pytest.raises(EvaluationError, match=r"evaluate\.compare: .*config\.yaml"):
+        evaluate_run(exact, [f"evaluate.compare=[{tmp_path / 'nothing'}]"], log=lambda _: None)
 
 
 def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
