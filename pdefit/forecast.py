@@ -193,6 +193,8 @@ def truth_description(cfg: Any, experiment: int = 0) -> dict[str, tuple[str, Any
     out.update({f"grid.{k}": (f"{prefix}.grid.{k}", list(getattr(sys_cfg.grid, k)))
                 for k in ("shape", "spacing", "boundaries")})
     out["dt"] = (f"{prefix}.dt", float(sys_cfg.dt))
+    out["refine"] = ("simulate.refine (dt_factor, grid_factor)",
+                     list(assemble.refine_factors(cfg)))
     out["integrator"] = (f"{prefix}.integrator", sys_cfg.integrator)
     out["precision"] = ("precision", cfg.precision)
     experiments = (list(range(cfg.simulate.n_experiments)) if cfg.data.experiments is None
@@ -364,6 +366,14 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     # The truth: the data-making system from its seeded initial state, at the window's start.
     meta, truth_system, grid, p_true = assemble.dataset_meta(cfg)
     truth_cfg = assemble.data_system_config(cfg)
+    # Data made by `simulate.refine` had a finer truth than the fit's discretization: the
+    # forecast's truth is stepped the same way, or it would be the fit's own (twin) model.
+    dt_factor, grid_factor = assemble.refine_factors(cfg)
+    if grid_factor > 1:
+        raise EvaluationError(
+            f"simulate.refine.grid_factor={grid_factor}: pdefit-evaluate re-simulates the truth "
+            "on the observed grid only; data made on a refined grid cannot be forecast yet")
+    truth_dt = float(truth_cfg.dt) / dt_factor
     frames = list(range(meta.n_frames)) if cfg.data.frames is None else list(cfg.data.frames)
     experiments = (list(range(meta.n_experiments)) if cfg.data.experiments is None
                    else list(cfg.data.experiments))
@@ -371,7 +381,7 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     t_first, t_last = float(meta.times[frames[0]]), float(meta.times[frames[-1]])
     time_scale = float(cfg.data.time_scale)
     interval = float(ev.frame_interval or meta.frame_interval)
-    k_truth = _steps_per(interval, float(truth_cfg.dt), "dataset")
+    k_truth = _steps_per(interval, truth_dt, "dataset")
     k_model = _steps_per(interval / time_scale, problem.dt, "model")
     horizon = float(ev.horizon) if ev.horizon is not None else 4.0 * (t_last - t_first)
     n_frames = round(horizon / interval) + 1
@@ -390,9 +400,9 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     truth_step = stepper(truth_system, grid, truth_cfg.integrator)
     x_truth = {k: jnp.asarray(v, dtype) for k, v in
                truth_system.initial_state(grid, p_true, cfg.simulate.seed + index).items()}
-    start_steps = round(t_first / float(truth_cfg.dt))
+    start_steps = round(t_first / truth_dt)
     x_truth = jax.jit(advance, static_argnums=(0, 5))(
-        truth_step, x_truth, p_truth, 0.0, float(truth_cfg.dt), start_steps)
+        truth_step, x_truth, p_truth, 0.0, truth_dt, start_steps)
     twins = perturbed_twins(x_truth, image, float(ev.lyapunov_perturbation),
                             int(ev.lyapunov_directions), dtype)
     activity, active_means = activity_measure(truth_system, image, x_truth)
@@ -405,7 +415,7 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
     run = forecast_rollout(truth_step, stepper(problem.system, problem.grid, problem.integrator),
                            k_truth, k_model, n_frames, compare, image, activity)
     out = jax.device_get(run(x_truth, x_model, twins, p_truth, p_model, t_first,
-                             problem.t0, float(truth_cfg.dt), problem.dt))
+                             problem.t0, truth_dt, problem.dt))
     times = t_first + interval * np.arange(n_frames)
 
     mae = np.asarray(out["mae"], dtype=np.float64)  # (n_frames, n_compare)

@@ -198,6 +198,25 @@ def test_evaluate_of_an_exact_model_gives_zero_errors(tmp_path):
         assert (run / name).stat().st_size > 0, name
 
 
+def test_evaluate_forecasts_against_the_refined_truth_the_data_came_from(tmp_path):
+    """Data made at dt/4 (`simulate.refine`): the forecast's truth is stepped at dt/4 too, so
+    the exact parameters at the fit's dt show their model error instead of a twin's zero; a
+    refined grid is refused by name."""
+    from pdefit.cli import fit
+    from pdefit.forecast import EvaluationError, evaluate_run
+
+    run = tmp_path / "run"
+    fit(config(run, *SMALL, "precision=float64", "fit.perturb=null", "optim.steps=1",
+               "simulate.refine.dt_factor=4"))
+    result = evaluate_run(run, ["evaluate.horizon=20"], log=lambda _: None)
+    mae = np.asarray(result["curves"]["mae"]["u"])
+    assert mae[0] < 1e-6 < 1e-4 < mae.max()  # the same start, then first-order model error
+    cfg = (run / "config.yaml").read_text().replace("grid_factor: 1", "grid_factor: 2")
+    (run / "config.yaml").write_text(cfg)
+    with pytest.raises(EvaluationError, match=r"simulate\.refine\.grid_factor=2"):
+        evaluate_run(run, ["evaluate.horizon=20"], log=lambda _: None)
+
+
 def test_evaluate_refuses_what_it_cannot_do(tmp_path):
     from pdefit.forecast import EvaluationError, evaluate_run
 
