@@ -281,11 +281,15 @@ INDEPENDENT_DATA = "## Independent data: fits of data from a finer time step (is
 
 
 def sections_of(page: str) -> dict[str, list[str]]:
-    """Heading line -> the lines under it (up to the next heading of any level)."""
+    """Heading line -> the lines under it (up to the next heading of any level). A ``#``
+    line inside a fenced code block is a shell comment, not a heading."""
     sections: dict[str, list[str]] = {}
     body: list[str] | None = None
+    fenced = False
     for line in page.splitlines():
-        if line.startswith("#"):
+        if line.startswith("```"):
+            fenced = not fenced
+        if line.startswith("#") and not fenced:
             body = sections.setdefault(line, [])
         elif body is not None:
             body.append(line)
