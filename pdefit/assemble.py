@@ -21,7 +21,7 @@ from .config import AdjointConfig, FitConfig, MeshConfig, SystemConfig
 from .domain import FIELD, FRAMES, PER_EXPERIMENT, REPLICATED, Domain
 from .fitted import FittedFileError, fitted_path, read_fitted
 from .grid import Grid
-from .integrate import INTEGRATORS, simulate
+from .integrate import GATED, INTEGRATORS, simulate
 from .observe import LOSSES, Observation, observable_names, observed_data
 from .parallel import dataset_array, host_scalar
 from .params import ParameterError, ParameterLayout
@@ -93,9 +93,9 @@ def check_dynamics(system: System, params: dict[str, float], grid: Grid, cfg: Sy
     if cfg.integrator not in INTEGRATORS:
         raise ConfigError(f"system.integrator: unknown {cfg.integrator!r}; choose one of "
                           f"{sorted(INTEGRATORS)}")
-    if cfg.integrator == "rush_larsen" and not hasattr(system, "gates"):
+    if cfg.integrator in GATED and not hasattr(system, "gates"):
         raise ConfigError(f"system.integrator: {system.name} has no gating variables for "
-                          "rush_larsen")
+                          f"{cfg.integrator}")
     check_time_step(system, params, grid, cfg.dt, cfg.integrator)
 
 
