@@ -11,6 +11,7 @@ are copied next to it into docs/results/. Run from the repository root after the
     pdefit-fit experiment=bocf_recovery system.options.heaviside_width=0 optim=lbfgs \
         optim.steps=150 optim.grad_tol=1e-7 optim.patience=10 \
         run.dir=runs/results/bocf_recovery_sharp
+    nice -n 5 python benchmarks/bocf_robustness.py
     pdefit-fit experiment=ap_from_bocf run.dir=runs/results/ap_from_bocf
     pdefit-evaluate runs/results/ap_from_bocf
     python benchmarks/forward.py
@@ -47,6 +48,7 @@ RESULT_FILE = {"bocf_ranking": "ranking.json", "bocf_ranking_sharp": "ranking.js
 FIGURES = ROOT / "docs" / "results"
 PAGE = ROOT / "docs" / "results.md"
 FORWARD = ROOT / "benchmarks" / "results" / "forward.json"
+ROBUSTNESS = ROOT / "benchmarks" / "results" / "bocf_robustness.json"
 COMMANDS = [line.strip() for line in __doc__.splitlines() if line.startswith("    ")]
 
 
@@ -210,6 +212,19 @@ def sharp_section(dirs: Mapping[str, Path]) -> list[str] | None:
             *parameter_rows(summary["parameters"])]
 
 
+def robustness_section() -> list[str] | None:
+    data = load(ROBUSTNESS)
+    if data is None or not data["records"]:
+        return None
+    extra = " ".join(data["overrides"])
+    return [f"`experiment={data['experiment']}` on {data['grid']}², start = truth × U(0.5, 1.5) "
+            f"of each `fit.perturb.seed`{f', with `{extra}`' if extra else ''}; host "
+            f"{data['host']} ({data['cpus']} cores, shared: wall times include waiting). "
+            "Errors in %; with noise, mean abs(err)/SE is the mean over the 10 parameters of "
+            "|recovered − true| / standard error (`pdefit.uncertainty`), and max SE % the "
+            "largest standard error relative to its parameter.", "", data["table"]]
+
+
 def forward_section() -> list[str] | None:
     data = load(FORWARD)
     if data is None:
@@ -288,6 +303,8 @@ def main(argv: Sequence[str] = ()) -> None:
             "With `heaviside_width=0` the discrete-time misfit is a staircase at small scales "
             "(docs/design-decisions.md); staged L-BFGS gets this far:", ""],
             sharp_section(dirs), old),
+        *section("### Robustness of the sharp recovery: start seeds and noise "
+                 "(`benchmarks/bocf_robustness.py`)", [], robustness_section(), old),
         *section("## Aliev–Panfilov as a surrogate for BOCF (`experiment=ap_from_bocf`)", [],
                  fit_section(dirs, "ap_from_bocf", "ms"), old),
         *section("## Forward speed (`benchmarks/forward.py`)", [], forward_section(), old),
