@@ -86,7 +86,9 @@ def one_fit(base: list[str], dataset: Path, seed: int, run_dir: Path) -> dict[st
 
 
 def percent(x: float | None) -> str:
-    return "—" if x is None else f"{100 * x:.2e}" if x < 1e-3 else f"{100 * x:.3f}"
+    if x is None:
+        return "—"
+    return f"{100 * x:.2e}" if x < 1e-3 else f"{100 * x:.3f}" if x < 10 else f"{100 * x:.1e}"
 
 
 def table(records: list[dict[str, Any]]) -> str:
