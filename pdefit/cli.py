@@ -170,7 +170,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     lead = jax.process_index() == 0  # one process writes the shared run directory's files
     if lead:
         write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    theta, losses, wall, first = None, [], 0.0, None
+    theta, losses, wall, first, stage_steps = None, [], 0.0, None, []
     for index, frames in enumerate(stages):
         stage_cfg = cfg
         if frames is not None:
@@ -185,6 +185,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         state, history = _fit_stage(stage_cfg, setup, stage_out, theta, stages, index,
                                     preemption)
         theta = history.best_theta
+        stage_steps.append(int(state.step))
         losses += history.losses
         wall += history.wall_time
         if len(stages) > 1:
@@ -205,7 +206,9 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         "system": problem.system.name, "grid": list(problem.grid.shape),
         "n_steps": problem.n_steps, "schedule": str(problem.schedule),
         "stages": [None if f is None else len(f) for f in stages],
-        "optimizer_steps": int(state.step), "stop_reason": history.stop_reason,
+        # All stages' steps (each stage counts its own from 0), and each stage's.
+        "optimizer_steps": sum(stage_steps), "optimizer_steps_per_stage": stage_steps,
+        "stop_reason": history.stop_reason,
         "final_loss": history.losses[-1],
         "best_loss": history.best_loss, "initial_loss": losses[0],
         "wall_time_s": wall, "nan_failures": history.nan_failures,

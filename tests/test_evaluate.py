@@ -397,6 +397,10 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
     summary = fit(config(tmp_path, *overrides))
     assert summary["stages"] == [2, 3, 4]
     assert summary["n_steps"] == 30  # the last stage sees all 4 frames
+    per_stage = summary["optimizer_steps_per_stage"]
+    assert len(per_stage) == 3 and summary["optimizer_steps"] == sum(per_stage)
+    assert [json.loads(line)["step"] for line in (tmp_path / "stage-0" / "metrics.jsonl")
+            .read_text().splitlines()][-1] == per_stage[0] - 1
     for i in range(3):
         assert (tmp_path / f"stage-{i}" / "status.json").exists()
     assert summary["max_rel_error"] < 1e-4
