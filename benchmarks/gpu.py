@@ -165,7 +165,8 @@ def fit_rows(overrides: Sequence[str], n_steps: int, repeats: int) -> list[Row]:
             # Each difference is one step (the first record's time includes compiling).
             times = [b["time"] - a["time"] for a, b in itertools.pairwise(records)]
             per_step = statistics.median(times) if times else None
-            evaluations = float(np.mean([r["evaluations"] for r in records[1:]]))
+            evaluations = (float(np.mean([r["evaluations"] for r in records[1:]]))
+                           if len(records) > 1 else None)
             rows += [row("fit step", case, f"{name} step", _scaled(per_step, 1e3), "ms"),
                      row("fit step", case, f"{name} evaluations/step", evaluations, ""),
                      row("fit step", case, f"{name} step/evaluations",

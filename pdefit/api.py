@@ -30,6 +30,8 @@ from typing import Any
 import jax
 import numpy as np
 import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 
 from . import assemble, discretization
 from . import data as zd
@@ -234,10 +236,12 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     check = None
     if discretization_check is not False:
         values = {} if discretization_check is True else dict(discretization_check)
-        try:
-            check = DiscretizationCheckConfig(**values)
+        try:  # typed like the CLI's config: {"parameters": "no"} must not count as true
+            check = OmegaConf.structured(DiscretizationCheckConfig(**values))
         except TypeError as err:
             raise ValueError(f"discretization_check: {err}") from None
+        except ValidationError as err:
+            raise ValueError(f"discretization_check.{err.full_key}: {err.msg}") from None
         validate_discretization_check(check, "discretization_check")
     curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)

@@ -285,8 +285,8 @@ def _discretization_check(cfg: DictConfig, setup: Any, theta: Any, dataset: Path
     if not options.enabled:
         return {"verdict": discretization.SKIPPED,
                 "reason": "fit.discretization_check.enabled=false"}
-    result = discretization.check(setup.problem, theta, setup.batch, options,
-                                  zd.open_dataset(dataset).meta, log=log.info)
+    result = discretization.check(setup.problem, theta, setup.batch, options, setup.meta,
+                                  log=log.info)
     if result["verdict"] == discretization.WARNING:
         log.warning(result["message"])
     return result

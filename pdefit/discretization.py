@@ -378,8 +378,10 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
                 key: grid[key] for key in ("dt", "grid", "misfit_refined", "change",
                                            "change_vs_residual", "change_vs_data")}}
             # The grid is the knob when refining it moves the prediction well beyond what
-            # the time step alone does (RMS change more than twice as large).
-            if _large(grid, options) and grid["change"] > 4.0 * time["change"]:
+            # the time step alone does (RMS change more than twice as large), or when the
+            # parameter shift has already cleared the time step: naming the stepping then
+            # would contradict the shift just measured.
+            if _large(grid, options) and (by_shift or grid["change"] > 4.0 * time["change"]):
                 knobs.insert(0, "system.grid.shape")
             elif _large(grid, options) and not knobs:
                 knobs += stepping

@@ -256,8 +256,8 @@ def check_same_data(run_dir: Path, other_dir: Path, experiment: int = 0) -> None
 
 
 def compared_runs(cfg: Any, run_dir: Path, experiment: int = 0,
-                  ) -> list[tuple[Path, Any]]:
-    """The finished fits ``evaluate.compare`` names, with their configs, each checked to be
+                  ) -> list[Path]:
+    """The finished fits ``evaluate.compare`` names, each checked to be
     evaluable against the same truth as ``run_dir`` (before anything is simulated): the same
     truth description (:func:`check_same_truth`) and the same first frame of their datasets
     (:func:`check_same_data`)."""
@@ -279,7 +279,7 @@ def compared_runs(cfg: Any, run_dir: Path, experiment: int = 0,
                                   f"{other_cfg.data.path}; its truth cannot be re-simulated")
         check_same_truth(saved, other_cfg, run_dir, other, experiment)
         check_same_data(run_dir, other, experiment)
-        others.append((other, other_cfg))
+        others.append(other)
     return others
 
 
@@ -488,7 +488,7 @@ def evaluate_run(run_dir: Path, overrides: Sequence[str] = (), experiment: int =
                 f"evaluate.frame_interval={interval}", "evaluate.lyapunov_directions=1",
                 "evaluate.compare=[]"]
         evaluations = []
-        for other, _ in others:
+        for other in others:
             log(f"evaluate.compare: forecasting {other}")
             evaluations.append(evaluate_run(other, same, experiment, log, write=False))
         result["comparison"] = compare_forecasts(result, evaluations, float(ev.threshold))

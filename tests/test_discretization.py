@@ -209,6 +209,8 @@ def test_api_fit_runs_the_check(refined_noisy_data):
         pdefit.fit(setup, steps=1, discretization_check={"dt_fator": 4})
     with pytest.raises(assemble.ConfigError, match=r"discretization_check\.dt_factor must"):
         pdefit.fit(setup, steps=1, discretization_check={"dt_factor": 1})
+    with pytest.raises(ValueError, match=r"discretization_check\.parameters: .*'maybe'"):
+        pdefit.fit(setup, steps=1, discretization_check={"parameters": "maybe"})
     result = pdefit.fit(setup, optimizer="adam", steps=1, discretization_check={"dt_factor": 4})
     assert result.discretization["refined_dt"] == 0.0125
     assert result.discretization["verdict"] == discretization.WARNING

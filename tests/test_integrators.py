@@ -17,7 +17,7 @@ from pdefit.config import OptimConfig
 from pdefit.gauss_newton import gauss_newton
 from pdefit.gradcheck import taylor_test
 from pdefit.grid import Grid
-from pdefit.integrate import INTEGRATORS, REAL_AXIS_STABILITY, make_stepper, simulate
+from pdefit.integrate import REAL_AXIS_STABILITY, make_stepper, simulate
 from pdefit.observe import Observation, observed_data
 from pdefit.params import ParameterLayout
 from pdefit.problem import Batch, FitProblem
@@ -52,7 +52,7 @@ def observed_orders(system, grid, x0, method: str, dts, window: float) -> list[f
 # The published thresholds are sharp: a cell crossing one inside a step jumps its right-hand
 # side there, which makes every fixed-step scheme first order as dt → 0 (docs/design-decisions.md,
 # "Time stepping"). The order is a property of the scheme, so it is measured on the model with
-# the logistic thresholds of bocf_recovery (width 0.01), which is smooth.
+# the logistic-threshold variant (width 0.01), which is smooth.
 SMOOTH = {"parameter_set": "TNNP", "heaviside_width": 0.01}
 
 
@@ -85,7 +85,6 @@ def test_rush_larsen2_is_second_order_on_tissue():
 
 
 def test_rush_larsen2_is_registered_with_its_stability():
-    assert INTEGRATORS["rush_larsen2"] is not None
     # The non-gate fields take an explicit-midpoint step: R(z) = 1 + z + z²/2, |R| ≤ 1 on
     # [−2, 0] of the real axis, as forward Euler.
     assert REAL_AXIS_STABILITY["rush_larsen2"] == 2.0

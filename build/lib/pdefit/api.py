@@ -1,0 +1,272 @@
+"""The Python API: fit a system to a dataset without Hydra.
+
+    import pdefit
+
+    ds = pdefit.open_dataset("data.zarr")
+    system = pdefit.get_system(ds.meta.system)                # or "my_pkg.models:GrayScott"
+    setup = pdefit.build_problem(system, ds, fit=["F", "k"], start={"F": 0.05, "k": 0.05})
+    result = pdefit.fit(setup, optimizer="lbfgs", steps=50)
+    print(result.params, result.relative_errors())
+
+:func:`build_problem` fills in the same config schema the command line uses
+(:mod:`pdefit.config`) and hands it to :func:`pdefit.assemble.build_fit`, so both paths run one
+implementation with the same checks and error messages; :func:`fit` runs the same optimiser
+loop (:func:`pdefit.train.run_fit`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib.resources import files
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import yaml
+
+from . import assemble, discretization
+from . import data as zd
+from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
+from .config import (
+    AdjointConfig,
+    DataConfig,
+    DiscretizationCheckConfig,
+    FitConfig,
+    FitSpecConfig,
+    GridConfig,
+    ObserveConfig,
+    OptimConfig,
+    PerturbConfig,
+    RegularizationConfig,
+    SystemConfig,
+)
+from .gauss_newton import gauss_newton
+from .grid import Grid
+from .parallel import host_array
+from .system import System
+from .system import get_system as _get_system
+from .train import LEVENBERG_MARQUARDT, FitHistory, run_fit
+from .validate import validate_discretization_check
+
+log = logging.getLogger("pdefit")
+
+__all__ = ["FitResult", "FitSetup", "build_problem", "fit", "get_system", "open_dataset"]
+
+FitSetup = assemble.FitSetup
+
+
+def get_system(name: str, **options: Any) -> System:
+    """The system called ``name``: a built-in one (the names of ``pdefit.systems.REGISTRY``),
+    an import path ``"package.module:Class"`` or a name installed under the ``pdefit.systems``
+    entry-point group; ``options`` are its static options (e.g. ``laplacian="9pt"``)."""
+    return _get_system(name, **options)
+
+
+def open_dataset(path: str | PathLike) -> zd.Dataset:
+    """Open a pdefit Zarr v3 dataset (validated metadata; values are read lazily):
+    ``ds.meta`` holds grid, times, fields and true parameters, ``ds.read(field, ...)`` reads
+    values as ``(experiment, frame, y, x)``."""
+    return zd.open_dataset(path)
+
+
+def build_problem(system: System | str,
+                  dataset: zd.Dataset | str | PathLike | Mapping[str, Any], *,
+                  fit: Sequence[str], start: Mapping[str, Any] | None = None,
+                  params: Mapping[str, Any] | None = None,
+                  observe: Sequence[str] | None = None,
+                  dt: float | None = None, integrator: str = "euler",
+                  frames: Sequence[int] | None = None,
+                  experiments: Sequence[int] | None = None,
+                  initial_fields: Mapping[str, str] | None = None,
+                  perturb: tuple[float, float, int] | None = None,
+                  transforms: Mapping[str, str] | None = None,
+                  stride: int = 1, loss: str = "mse",
+                  snapshots: int | None = 32, adjoint: str = "revolve",
+                  regularization: Mapping[str, Any] | None = None,
+                  precision: str | None = None, grid: Grid | None = None,
+                  frame_interval: float | None = None) -> FitSetup:
+    """Check ``system`` and ``dataset`` against each other and build the fit of the
+    parameters named in ``fit``.
+
+    ``start`` sets starting values (physical units; default: the system's defaults with
+    ``params`` applied, or the dataset truth × U(low, high) with ``perturb=(low, high,
+    seed)``); ``params`` overrides fixed parameter values. ``observe`` names the observed
+    fields (default: the system's fields the dataset holds). The grid is the dataset's; ``dt``
+    defaults to the dataset's simulation step. ``frames``/``experiments`` select indices of
+    the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values.
+    ``dataset`` may also be frames in memory: field name → array ``(n_frames, ny, nx)`` or
+    ``(n_experiments, n_frames, ny, nx)`` (NaN: unobserved), with ``grid``, ``dt`` and
+    ``frame_interval`` (a multiple of ``dt``; default ``dt``) saying where and when they lie,
+    the first frame at time 0; they pass through a temporary dataset, and so through the same
+    checks as a file.
+    ``adjoint`` is ``revolve`` (with ``snapshots``), ``nested`` or ``store_all``;
+    ``regularization`` takes the keys of :class:`pdefit.config.RegularizationConfig`.
+    ``precision`` (``float32``/``float64``) switches JAX's precision; default: as it is.
+
+    Returns a :class:`FitSetup`: ``problem`` (:class:`~pdefit.FitProblem`), ``batch``,
+    ``theta0``, ``start_values`` and ``reference`` (the dataset's true parameters, if any).
+    Bad input raises :class:`pdefit.assemble.ConfigError` or ``DatasetError`` naming the
+    problem, as on the command line (the keys named are those of the config schema)."""
+    if isinstance(system, str):
+        system = get_system(system)
+    with contextlib.ExitStack() as cleanup:
+        if isinstance(dataset, Mapping):
+            if grid is None or dt is None:
+                raise ValueError("frames in memory need grid= and dt=")
+            # Everything is read into arrays while the problem is built; then it goes.
+            tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pdefit-frames-"))
+            dataset = frames_dataset(Path(tmp) / "frames.zarr", system, dataset, grid, dt,
+                                     frame_interval or dt)
+        ds = dataset if isinstance(dataset, zd.Dataset) else open_dataset(dataset)
+        meta = ds.meta
+        if precision is None:
+            precision = "float64" if jax.config.jax_enable_x64 else "float32"
+        dtype = assemble.set_precision(precision)
+        if observe is None:
+            observe = [f for f in meta.fields if f in system.fields] or list(meta.fields)
+        cfg = FitConfig(
+            system=SystemConfig(
+                name=system.name, params=dict(params or {}), dt=float(dt or meta.dt),
+                integrator=integrator,
+                grid=GridConfig(list(meta.grid_shape), list(meta.grid_spacing),
+                                list(meta.boundaries))),
+            data=DataConfig(path=str(ds.path),
+                            frames=None if frames is None else list(frames),
+                            experiments=None if experiments is None else list(experiments)),
+            observe=ObserveConfig(fields=list(observe), stride=stride, loss=loss),
+            fit=FitSpecConfig(params=list(fit), start=dict(start or {}),
+                              perturb=None if perturb is None else PerturbConfig(*perturb),
+                              transforms=dict(transforms or {}),
+                              initial_fields=dict(initial_fields or {})),
+            adjoint=AdjointConfig(kind=adjoint, snapshots=snapshots),
+            regularization=RegularizationConfig(**dict(regularization or {})),
+            precision=precision)
+        return assemble.build_fit(cfg, Path(ds.path), dtype, system=system)
+
+
+def frames_dataset(path: str | PathLike, system: System, frames: Mapping[str, Any],
+                   grid: Grid, dt: float, frame_interval: float) -> Path:
+    """Write frames in memory (field → ``(n_frames, ny, nx)`` or ``(n_experiments,
+    n_frames, ny, nx)``, NaN where unobserved) as a dataset of ``system`` at ``path``."""
+    arrays = {k: np.asarray(v, np.float32) for k, v in frames.items()}
+    arrays = {k: v[None] if v.ndim == 3 else v for k, v in arrays.items()}
+    shapes = {v.shape for v in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 4:
+        raise ValueError(f"frames must share one shape (n_frames, ny, nx) or (n_experiments, "
+                         f"n_frames, ny, nx); got {({k: v.shape for k, v in arrays.items()})}")
+    n_experiments, n_frames = next(iter(shapes))[:2]
+    steps = round(frame_interval / dt)
+    if steps < 1 or abs(steps * dt - frame_interval) > 1e-9 * frame_interval:
+        raise ValueError(f"frame_interval={frame_interval} is not a multiple of dt={dt}")
+    meta = zd.DatasetMeta(
+        system=system.name, fields=tuple(arrays), grid_shape=grid.shape,
+        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(dt),
+        steps_per_frame=steps, t0=0.0, n_frames=n_frames, n_experiments=n_experiments)
+    masks = {k: np.isfinite(v) for k, v in arrays.items() if not np.isfinite(v).all()}
+    zd.write_dataset(path, meta, arrays, masks)
+    return Path(path)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The outcome of :func:`fit`: ``params`` the fitted parameters in physical units (floats
+    for scalars, arrays otherwise) at the best loss, ``fields`` the fitted initial fields,
+    ``start`` and ``reference`` (true values, when the dataset has them) of the shared
+    scalars, ``losses`` per step, ``best_loss``, ``steps`` taken, ``theta`` the optimiser's
+    best point, the full :class:`~pdefit.train.FitHistory` and ``discretization``, the
+    discretization check (:func:`pdefit.discretization.check`; None when skipped)."""
+
+    params: dict[str, Any]
+    fields: dict[str, np.ndarray]
+    start: dict[str, float]
+    reference: dict[str, float] | None
+    losses: list[float]
+    best_loss: float
+    steps: int
+    theta: Any
+    history: FitHistory
+    discretization: dict[str, Any] | None = None
+
+    def relative_errors(self) -> dict[str, float]:
+        """|fitted − true| / |true| of each fitted scalar with a known nonzero truth."""
+        ref = self.reference or {}
+        return {k: abs(v - ref[k]) / abs(ref[k]) for k, v in self.params.items()
+                if isinstance(v, float) and ref.get(k)}
+
+
+def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -> OptimConfig:
+    """The optimiser settings of the command line's preset ``conf/optim/<optimizer>.yaml``
+    (where there is one), with ``steps`` and ``options`` (fields of
+    :class:`pdefit.config.OptimConfig`, e.g. ``lr``, ``grad_tol``) replacing its values."""
+    preset_file = files("pdefit.conf") / "optim" / f"{optimizer}.yaml"
+    preset = yaml.safe_load(preset_file.read_text()) if preset_file.is_file() else {}
+    values = {**(preset or {}), "name": optimizer, **options}
+    if steps is not None:
+        values["steps"] = steps
+    known = {f.name for f in dataclasses.fields(OptimConfig)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown optimizer option(s) {unknown}; valid: {sorted(known)}")
+    return OptimConfig(**values)
+
+
+def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
+        progress: bool = False, run_dir: str | PathLike | None = None,
+        discretization_check: bool | Mapping[str, Any] = True,
+        **options: Any) -> FitResult:
+    """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
+    ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
+    :class:`pdefit.config.OptimConfig` (``lr``, ``grad_tol``, ``patience``, ...), the
+    defaults those of the command line's ``optim=<optimizer>``. With ``run_dir`` the fit
+    writes ``metrics.jsonl`` and Orbax checkpoints there and resumes from them.
+    ``discretization_check``: after the fit, re-run the fitted model at a finer time step
+    (the keys of :class:`pdefit.config.DiscretizationCheckConfig`, e.g. ``{"dt_factor": 4,
+    "parameters": True}``; False skips it); the result is ``FitResult.discretization``."""
+    problem = setup.problem
+    cfg = optimizer_config(optimizer, steps, **options)
+    check = None
+    if discretization_check is not False:
+        values = {} if discretization_check is True else dict(discretization_check)
+        try:
+            check = DiscretizationCheckConfig(**values)
+        except TypeError as err:
+            raise ValueError(f"discretization_check: {err}") from None
+        validate_discretization_check(check, "discretization_check")
+    curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
+    out = None if run_dir is None else Path(run_dir)
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+
+    # What a resume from run_dir must agree on (the stopping keys of optim may change).
+    identity = {"optim": dataclasses.asdict(cfg), "fitted": list(problem.layout.fitted),
+                "fields": list(problem.fitted_fields),
+                "start": {k: float(v) for k, v in setup.start_values.items()},
+                "n_steps": problem.n_steps, "dt": float(problem.dt)}
+    state, history = run_fit(
+        problem.loss, setup.theta0, setup.batch, cfg, describe=problem.scalar_values,
+        progress=progress, log=log.info, curvature=curvature, config=identity,
+        metrics_path=None if out is None else out / "metrics.jsonl",
+        checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR))
+    theta = history.best_theta
+    physical = problem.physical_params(theta)
+    fitted = {}
+    for name in problem.layout.fitted:
+        value = host_array(physical[name])
+        fitted[name] = float(value) if np.ndim(value) == 0 else value
+    fields = {k: host_array(v) for k, v in theta.get("fields", {}).items()}
+    report = None
+    if check is not None and check.enabled:
+        report = discretization.check(problem, theta, setup.batch, check, setup.meta,
+                                      log=log.info)
+        if report["verdict"] == discretization.WARNING:
+            log.warning(report["message"])
+    return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
+                     list(history.losses), float(history.best_loss), int(state.step), theta,
+                     history, report)

@@ -1,0 +1,1 @@
+"""Hydra configs, installed as the package ``pdefit.conf`` (found as ``pkg://pdefit.conf``)."""
