@@ -327,33 +327,49 @@ def segments(kinds: np.ndarray, args: np.ndarray) -> Segments:
     return Segments(*(np.ascontiguousarray(table[:, k]) for k in range(4)))
 
 
+def _transitions(chain: LossChain, n: int):
+    """The pieces both revolve executors differentiate: ``transition(x, θ, i, data)`` (one
+    step and the cost of the state it starts from), ``last_transition(x, θ, data)`` (the final
+    step's cost before it plus the cost of x_N) and ``primal(x0, θ, data)`` (J itself)."""
+
+    def transition(x, theta, i, data):
+        return chain.step(x, theta, i), chain.cost(x, theta, i, data)
+
+    def last_transition(x, theta, data):
+        x_next, c = transition(x, theta, n - 1, data)
+        return c + chain.cost(x_next, theta, n, data)
+
+    def primal(x0, theta, data):
+        return StoreAll().loss(chain, x0, theta, data, n)
+
+    return transition, last_transition, primal
+
+
+def _snapshot_buffers(x0: State, snapshots: int) -> State:
+    """Room for ``snapshots`` states and one spare slot at the end, which takes the writes of
+    segments or ticks that store nothing. Derived from x0 so that inside ``shard_map`` the
+    buffers carry its sharding type."""
+    return jax.tree.map(lambda a: jnp.broadcast_to(jnp.zeros_like(a), (snapshots + 1, *a.shape)),
+                        x0)
+
+
+def _written(snaps: State, slot: Any, x: State) -> State:
+    """``snaps`` with ``x`` in ``slot``: an unconditional in-place write of one state, cheaper
+    than a select (which would read the old slot) or a conditional around the whole buffer."""
+    return jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
+
+
 def _revolve_loss(chain: LossChain, plan: RevolvePlan):
     """J(x0, θ, data) with a custom VJP that follows ``plan``."""
-    n = plan.n_steps
     # NumPy, not device arrays: they become constants of whichever trace runs them (fwd and
     # bwd are traced separately, so a device array made here could leak between traces).
     forward_plan = segments(plan.kinds[: plan.first_reverse], plan.args[: plan.first_reverse])
     backward_plan = segments(plan.kinds[plan.first_reverse + 1 :],
                              plan.args[plan.first_reverse + 1 :])
-
-    def transition(x, theta, i, data):
-        """One step and the cost of the state it starts from."""
-        return chain.step(x, theta, i), chain.cost(x, theta, i, data)
-
-    def last_transition(x, theta, data):
-        """The final step, with both the cost before it and the cost of x_N."""
-        x_next, c = transition(x, theta, n - 1, data)
-        return c + chain.cost(x_next, theta, n, data)
-
-    def primal(x0, theta, data):
-        x, total = _scan(chain, x0, theta, data, 0, n)
-        return total + chain.cost(x, theta, n, data)
+    transition, last_transition, primal = _transitions(chain, plan.n_steps)
 
     def forward(x0, theta, data):
-        # Buffers derived from x0 so that they carry its sharding type inside shard_map.
-        # One spare slot at the end takes the writes of segments that store nothing.
-        snaps = jax.tree.map(
-            lambda a: jnp.broadcast_to(jnp.zeros_like(a), (plan.snapshots + 1, *a.shape)), x0)
+        snaps = _snapshot_buffers(x0, plan.snapshots)
         slot_steps = jnp.zeros((plan.snapshots + 1,), jnp.int32)
 
         def advance_with_cost(count, x, i, total):
@@ -510,71 +526,47 @@ def _branch_free_revolve_loss(chain: LossChain, plan: RevolvePlan):
     :class:`Revolve`): every loop but the per-unit tick loop has a static trip count."""
     n = plan.n_steps
     ticks = revolve_ticks(plan)
-    cost = _masked_cost(chain)
-
-    def transition(x, theta, i, data):
-        return chain.step(x, theta, i), cost(x, theta, i, data)
-
-    def last_transition(x, theta, data):
-        x_next, c = transition(x, theta, n - 1, data)
-        return c + cost(x_next, theta, n, data)
-
-    def primal(x0, theta, data):
-        def body(carry, i):
-            x, total = carry
-            x_next, c = transition(x, theta, i, data)
-            return (x_next, total + c), None
-
-        (x, total), _ = jax.lax.scan(body, (x0, _zero_cost(chain, x0, theta, data)),
-                                     jnp.arange(n - 1))
-        return total + last_transition(x, theta, data)
-
-    def store(snaps, slot_steps, slot, x, i):
-        snaps = jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
-        return snaps, slot_steps.at[slot].set(i)
+    transition, last_transition, primal = _transitions(
+        chain._replace(cost=_masked_cost(chain)), n)
 
     def forward(x0, theta, data):
-        snaps = jax.tree.map(
-            lambda a: jnp.broadcast_to(jnp.zeros_like(a), (plan.snapshots + 1, *a.shape)), x0)
-        snaps, slot_steps = store(snaps, jnp.zeros((plan.snapshots + 1,), jnp.int32), 0, x0, 0)
+        snaps = _written(_snapshot_buffers(x0, plan.snapshots), 0, x0)
         slots = jnp.asarray(ticks.forward_store)
 
         def tick(i, carry):
-            x, snaps, slot_steps, total = carry
+            x, snaps, total = carry
             x, c = transition(x, theta, i, data)
-            snaps, slot_steps = store(snaps, slot_steps, slots[i], x, i + 1)
-            return x, snaps, slot_steps, total + c
+            return x, _written(snaps, slots[i], x), total + c
 
-        x, snaps, slot_steps, total = jax.lax.fori_loop(
-            0, n - 1, tick, (x0, snaps, slot_steps, _zero_cost(chain, x0, theta, data)))
+        x, snaps, total = jax.lax.fori_loop(
+            0, n - 1, tick, (x0, snaps, _zero_cost(chain, x0, theta, data)))
         last, last_vjp = jax.vjp(lambda x_, th: last_transition(x_, th, data), x, theta)
-        return total + last, (snaps, slot_steps, last_vjp, theta, data)
+        return total + last, (snaps, last_vjp, theta, data)
 
     def backward(residuals, g):
-        snaps, slot_steps, last_vjp, theta, data = residuals
+        snaps, last_vjp, theta, data = residuals
         xbar, thetabar = last_vjp(g)
         restore, first_tick = jnp.asarray(ticks.restore), jnp.asarray(ticks.first_tick)
         tick_store = jnp.asarray(ticks.tick_store)
 
         def tick(t, carry):
-            x, i, snaps, slot_steps = carry
+            x, i, snaps = carry
             x = chain.step(x, theta, i)
-            snaps, slot_steps = store(snaps, slot_steps, tick_store[t], x, i + 1)
-            return x, i + 1, snaps, slot_steps
+            return x, i + 1, _written(snaps, tick_store[t], x)
 
         def unit(u, carry):
-            snaps, slot_steps, xbar, thetabar = carry
-            slot = restore[u]
-            x, i = jax.tree.map(lambda buf: buf[slot], snaps), slot_steps[slot]
-            x, i, snaps, slot_steps = jax.lax.fori_loop(
-                first_tick[u], first_tick[u + 1], tick, (x, i, snaps, slot_steps))
+            snaps, xbar, thetabar = carry
+            # Unit u reverses step n − 2 − u after one tick per step from the restored state,
+            # so the step of that state follows from the tables: no step counts are stored.
+            i = n - 2 - u - (first_tick[u + 1] - first_tick[u])
+            x = jax.tree.map(lambda buf: buf[restore[u]], snaps)
+            x, i, snaps = jax.lax.fori_loop(first_tick[u], first_tick[u + 1], tick, (x, i, snaps))
             _, vjp = jax.vjp(lambda x_, th: transition(x_, th, i, data), x, theta)
             xbar, step_thetabar = vjp((xbar, g))
-            return snaps, slot_steps, xbar, jax.tree.map(jnp.add, thetabar, step_thetabar)
+            return snaps, xbar, jax.tree.map(jnp.add, thetabar, step_thetabar)
 
         if n > 1:
-            _, _, xbar, thetabar = jax.lax.fori_loop(
-                0, n - 1, unit, (snaps, slot_steps, xbar, thetabar))
+            _, xbar, thetabar = jax.lax.fori_loop(0, n - 1, unit, (snaps, xbar, thetabar))
         return xbar, thetabar, jax.tree.map(_zero_cotangent, data)
 
     loss = jax.custom_vjp(primal)
@@ -584,11 +576,9 @@ def _branch_free_revolve_loss(chain: LossChain, plan: RevolvePlan):
 
 def _maybe_store(snaps, slot_steps, slot, x, i):
     """Write (x, i) into ``slot``; slot −1 means no store and writes into the spare last slot
-    of the buffer instead. An unconditional in-place write of one state is cheaper than a
-    select (which would read the old slot) or a conditional around the whole buffer."""
+    of the buffer instead."""
     slot = jnp.where(slot >= 0, slot, slot_steps.shape[0] - 1)
-    snaps = jax.tree.map(lambda buf, a: buf.at[slot].set(a), snaps, x)
-    return snaps, slot_steps.at[slot].set(i)
+    return _written(snaps, slot, x), slot_steps.at[slot].set(i)
 
 
 def _zero_cotangent(a):

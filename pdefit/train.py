@@ -238,7 +238,10 @@ def _value_and_grad(loss: Callable, state: TrainState, batch: Any,
     the line search (0). A zoom line search leaves the loss and gradient of the point it
     accepted in its state, and that point is ``state.theta`` when the update was applied
     unscaled — ``lr_scale`` is 1 until the first non-finite step and never returns to 1 — so
-    L-BFGS evaluates once per line-search iteration rather than once more per step."""
+    L-BFGS evaluates once per line-search iteration rather than once more per step.
+    (``optax.value_and_grad_from_state`` reuses the stored pair too, but only tests it for
+    ∞: it would reuse it after a step scaled down by ``lr_scale``, and it does not say
+    whether it evaluated, which the evaluation count needs.)"""
     searched = _line_search_state(state.opt_state)
     if searched is None:
         value, grad = jax.value_and_grad(loss)(state.theta, batch)
