@@ -83,7 +83,7 @@ def build_problem(system: System | str,
                   fit: Sequence[str], start: Mapping[str, Any] | None = None,
                   params: Mapping[str, Any] | None = None,
                   observe: Sequence[str] | None = None,
-                  dt: float | None = None, integrator: str = "euler",
+                  dt: float | None = None, integrator: str | None = None,
                   frames: Sequence[int] | None = None,
                   experiments: Sequence[int] | None = None,
                   initial_fields: Mapping[str, str] | None = None,
@@ -100,8 +100,11 @@ def build_problem(system: System | str,
     ``start`` sets starting values (physical units; default: the system's defaults with
     ``params`` applied, or the dataset truth × U(low, high) with ``perturb=(low, high,
     seed)``); ``params`` overrides fixed parameter values. ``observe`` names the observed
-    fields (default: the system's fields the dataset holds). The grid is the dataset's; ``dt``
-    defaults to the dataset's simulation step. ``frames``/``experiments`` select indices of
+    fields (default: the system's fields the dataset holds). The grid is the dataset's; ``dt`` and
+    ``integrator`` default to those the dataset was made for: its simulation step (times
+    ``simulate.refine.dt_factor`` for data made at a finer step, so that refined data are
+    fitted at the coarse step they were made to test) and its integrator (``euler`` when it
+    does not say). ``frames``/``experiments`` select indices of
     the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values.
     ``dataset`` may also be frames in memory: field name → array ``(n_frames, ny, nx)`` or
     ``(n_experiments, n_frames, ny, nx)`` (NaN: unobserved), with ``grid``, ``dt`` and
@@ -133,9 +136,14 @@ def build_problem(system: System | str,
         dtype = assemble.set_precision(precision)
         if observe is None:
             observe = [f for f in meta.fields if f in system.fields] or list(meta.fields)
+        made = (meta.provenance or {}).get("discretization") or {}
+        if dt is None:
+            dt = meta.dt * int(made.get("dt_factor", 1))
+        if integrator is None:
+            integrator = str(made.get("integrator", "euler"))
         cfg = FitConfig(
             system=SystemConfig(
-                name=system.name, params=dict(params or {}), dt=float(dt or meta.dt),
+                name=system.name, params=dict(params or {}), dt=float(dt),
                 integrator=integrator,
                 grid=GridConfig(list(meta.grid_shape), list(meta.grid_spacing),
                                 list(meta.boundaries))),

@@ -61,6 +61,21 @@ def test_readme_snippet_fits_a_dataset(ap_zarr, monkeypatch, capsys):
     assert result.steps <= 50 and result.best_loss < 1e-8 * result.losses[0]
 
 
+def test_refined_data_are_fitted_at_the_step_they_were_made_for(tmp_path):
+    """Without dt= and integrator=, data made at dt/4 with Heun are fitted at dt with Heun:
+    the dataset records the step it simulated (dt/4) and the refinement."""
+    dtype = assemble.set_precision("float64")
+    path = assemble.simulate_dataset(
+        config("simulate.n_frames=3", "system.integrator=heun", "system.dt=0.04",
+               "simulate.refine.dt_factor=4"), tmp_path / "fine.zarr", dtype, log=lambda _: None)
+    assert pdefit.open_dataset(path).meta.dt == pytest.approx(0.01)
+    setup = pdefit.build_problem("aliev_panfilov", path, fit=["k"])
+    assert setup.problem.dt == pytest.approx(0.04) and setup.problem.integrator == "heun"
+    assert setup.problem.n_steps == 20  # 2 frame intervals of 10 steps at dt = 0.04
+    other = pdefit.build_problem("aliev_panfilov", path, fit=["k"], dt=0.02, integrator="rk4")
+    assert other.problem.dt == 0.02 and other.problem.integrator == "rk4"
+
+
 def test_api_and_command_line_build_the_same_problem(ap_zarr):
     """build_problem and the Hydra path share assemble.build_fit: same loss at the start."""
     api = pdefit.build_problem("aliev_panfilov", ap_zarr, fit=["k", "a"],
