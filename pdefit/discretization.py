@@ -39,8 +39,8 @@ shift is reported as measured, not extrapolated: for a scheme of order p the bia
 be k^p/(k^p − 1) times the shift to dt/k asymptotically, but the order that holds is the
 model's as much as the scheme's (BOCF's sharp thresholds make every scheme first order as
 dt → 0), and on such a staircase misfit the Gauss–Newton step is only an order of magnitude:
-on BOCF 64² reference data its largest shift was within 3× of the largest error of the fit
-(0.4–1.8× the mean), parameter by parameter off by more and some of the wrong sign
+on BOCF reference data (64², 128²) its largest shift was within 6× of the largest error of
+the fit (0.3–1.8× the mean), parameter by parameter off by more and some of the wrong sign
 (docs/results.md, "Time stepping for BOCF"); on the smooth Aliev–Panfilov model it gave each
 parameter's error to 0.15 percentage points. Settings the check cannot serve (``parameters``
 without a Gauss–Newton curvature: fitted fields, array or per-experiment parameters, a device
