@@ -250,7 +250,7 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
             raise ValueError(f"discretization_check: {err}") from None
         except ValidationError as err:
             raise ValueError(f"discretization_check.{err.full_key}: {err.msg}") from None
-        validate_discretization_check(check, "discretization_check")
+        validate_discretization_check(check, "discretization_check", problem)
     curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)
     if out is not None:

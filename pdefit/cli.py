@@ -48,9 +48,9 @@ from .rundir import open_run_record, output_dir, plain_config, register_resolver
 from .signals import FIT_SIGNALS, PreemptionFlag, signal_name
 from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
+from .uncertainty import CurvatureParts, curvature_parts, known_sigma, unavailable_reason
 from .uncertainty import estimate as estimate_uncertainty
-from .uncertainty import known_sigma, unavailable_reason
-from .validate import validate_fit
+from .validate import validate_discretization_check, validate_fit
 
 log = logging.getLogger("pdefit")
 register_configs()
@@ -177,7 +177,8 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
             stage_cfg = cfg.copy()
             OmegaConf.update(stage_cfg, "data.frames", frames)
         setup = assemble.build_fit(stage_cfg, dataset, dtype)
-        if first is None:
+        if first is None:  # before anything is compiled
+            validate_discretization_check(cfg.fit.discretization_check, problem=setup.problem)
             first = setup
         stop_if_signalled("before training" if index == 0 else f"before stage {index + 1}")
         stage_out = out if len(stages) == 1 else out / f"stage-{index}"
@@ -197,7 +198,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
                 if k in problem.layout.fitted}
     save_fitted(out / FITTED_FILE, theta, physical)  # for pdefit-evaluate and fit.start_from
     recovered = {k: float(v) for k, v in problem.scalar_values(theta).items()}
-    uncertainty = _uncertainty(cfg, setup, theta, dataset)
+    uncertainty, curvature = _uncertainty(cfg, setup, theta, dataset)
     rows = parameter_table(problem.layout.scalars, first.start_values, recovered,
                            setup.reference,
                            {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
@@ -215,7 +216,9 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         "restarts": history.restarts,
         "parameters": rows, **error_summary(rows), "uncertainty": uncertainty,
     }
-    summary["discretization_check"] = _discretization_check(cfg, setup, theta, dataset)
+    summary["discretization_check"] = _discretization_check(cfg, setup, theta, curvature)
+    uncertainty = summary["uncertainty"] = discretization.mark_intervals(
+        uncertainty, summary["discretization_check"])
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
     if lead:
@@ -261,32 +264,36 @@ def _refuse_mismatched_resume(cfg: DictConfig, out: Path) -> None:
         raise error
 
 
-def _uncertainty(cfg: DictConfig, setup: Any, theta: Any, dataset: Path) -> dict[str, Any]:
+def _uncertainty(cfg: DictConfig, setup: Any, theta: Any, dataset: Path,
+                 ) -> tuple[dict[str, Any], CurvatureParts | None]:
     """Standard errors and intervals of the fitted scalars (pdefit.uncertainty) on the last
     stage's window, with the dataset's additive noise level when it records one and the data
-    come from the fitted system; the reason where there are none."""
+    come from the fitted system; the reason where there are none. Also the curvature they
+    come from (None without them), which the discretization check reuses."""
     if not cfg.fit.uncertainty:
-        return {"available": False, "reason": "fit.uncertainty=false"}
+        return {"available": False, "reason": "fit.uncertainty=false"}, None
     reason = unavailable_reason(setup.problem)
     if reason is not None:
         log.info(f"no parameter intervals: {reason}")
-        return {"available": False, "reason": reason}
+        return {"available": False, "reason": reason}, None
     log.info("parameter intervals: one forward-tangent sweep over the training window…")
     noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
-    return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise))
+    parts = curvature_parts(setup.problem, theta, setup.batch)
+    return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise),
+                                parts=parts), parts
 
 
-def _discretization_check(cfg: DictConfig, setup: Any, theta: Any, dataset: Path,
-                          ) -> dict[str, Any]:
+def _discretization_check(cfg: DictConfig, setup: Any, theta: Any,
+                          curvature: CurvatureParts | None) -> dict[str, Any]:
     """The fitted model re-run with a finer time step (and grid) over the training window
-    (pdefit.discretization), for summary.json; a warning when its change is not small
-    against the residual."""
+    (pdefit.discretization), for summary.json, reusing the intervals' ``curvature``; a
+    warning when the discretization error is not small."""
     options = cfg.fit.discretization_check
     if not options.enabled:
         return {"verdict": discretization.SKIPPED,
                 "reason": "fit.discretization_check.enabled=false"}
     result = discretization.check(setup.problem, theta, setup.batch, options, setup.meta,
-                                  log=log.info)
+                                  log=log.info, curvature=curvature)
     if result["verdict"] == discretization.WARNING:
         log.warning(result["message"])
     return result

@@ -130,9 +130,10 @@ class DiscretizationCheckConfig:
     compared with the residual (pdefit.discretization): a warning names the knob to turn when
     RMS change / RMS residual exceeds ``tolerance`` and RMS change / RMS of the data exceeds
     ``negligible``. With ``parameters``, also how far the optimum of the fitted shared
-    scalars moves at the finer time step (a Gauss–Newton step: one more gradient and a
-    forward-tangent sweep); it then decides for the time step, warning when a parameter
-    moves by more than ``parameter_tolerance`` (relative)."""
+    scalars moves at the finer time step (a Gauss–Newton step: one more gradient, on the
+    intervals' curvature; refused before the fit where there is none); it then decides for
+    the time step, warning when a parameter moves by more than ``parameter_tolerance``
+    (relative). ``grid_factor`` > 1 on a grid that cannot be refined is refused too."""
 
     enabled: bool = True
     dt_factor: int = 2

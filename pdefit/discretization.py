@@ -32,19 +32,35 @@ say how far a finer discretization would move the predictions.
 
 The bias itself, for fits of shared scalars on one device (``parameters: true``):
 :func:`parameter_shift` estimates how far each fitted scalar's optimum moves at the finer
-time step, by a Gauss–Newton step from the difference of the two gradients; for a scheme of
-order p the bias at dt is about 2^p/(2^p − 1) times that shift (asymptotically; near a
-stability limit the shift can be most of the bias). It then decides for the time
-step (a warning above ``parameter_tolerance``, relative), whatever the noise.
+time step, by a Gauss–Newton step from the difference of the two gradients, on the curvature
+the intervals (:mod:`pdefit.uncertainty`) computed when the fit has them. It then decides for
+the time step (a warning above ``parameter_tolerance``, relative), whatever the noise. The
+shift is reported as measured, not extrapolated: for a scheme of order p the bias at dt would
+be k^p/(k^p − 1) times the shift to dt/k asymptotically, but the order that holds is the
+model's as much as the scheme's (BOCF's sharp thresholds make every scheme first order as
+dt → 0), and on such a staircase misfit the Gauss–Newton step is only an order of magnitude:
+on BOCF reference data (64², 128²) its largest shift was within 6× of the largest error of
+the fit (0.3–1.8× the mean), parameter by parameter off by more and some of the wrong sign
+(docs/results.md, "Time stepping for BOCF"); on the smooth Aliev–Panfilov model it gave each
+parameter's error to 0.15 percentage points. Settings the check cannot serve (``parameters``
+without a Gauss–Newton curvature: fitted fields, array or per-experiment parameters, a device
+mesh; ``grid_factor`` > 1 on a grid that cannot be refined) are refused before the fit
+(:func:`unsupported`, :func:`pdefit.validate.validate_discretization_check`).
+
+Where the residual is partly discretization error (``model_error_in_residual``: the residual
+test above, not in a twin), the intervals of :mod:`pdefit.uncertainty`, which take the
+residual for noise, are marked unreliable (:func:`mark_intervals`).
 
 With ``grid_factor`` > 1 the same numbers for the refined grid (its time step refined too,
 by as much more as the finer grid's stability limit needs) are under ``grid_check``, and the
 grid is named as the knob when refining it moves the prediction more than twice as far (RMS)
 as refining the time step alone.
 
-Cost: one compiled call per refinement, no gradient: the fit's model, the pair side by side
-(the fine one ``dt_factor`` steps per coarse step) and the fine model alone, about one
-gradient evaluation in all. It goes through the fit's own loss code
+Cost: one compiled call per refinement, no gradient: the fit's model and the pair side by
+side (the fine one ``dt_factor`` steps per coarse step), whose one run gives both the refined
+model's misfit and the change, about one gradient evaluation in all; with ``parameters`` one
+gradient at the finer step more (and the curvature's forward-tangent sweep where the fit has
+no intervals). It goes through the fit's own loss code
 (:meth:`pdefit.problem.FitProblem.data_loss`, with the chain and initial state of the pair),
 so experiments, per-experiment parameters and device meshes work as in the fit.
 
@@ -80,7 +96,7 @@ from .grid import PERIODIC, Grid
 from .observe import ObservedData, zero_like_state
 from .parallel import host_scalar
 from .problem import Batch, FitProblem
-from .system import System, check_time_step, stepper
+from .system import System, stable_dt_limit, stepper
 
 TWIN = "twin"
 OK = "ok"
@@ -140,8 +156,7 @@ def stable_substeps(system: System, params: Mapping[str, Any], grid: Grid, dt: f
                     integrator: str, at_least: int) -> int:
     """The smallest number of substeps ≥ ``at_least`` that makes dt/substeps stable on
     ``grid`` (a finer grid lowers a diffusive limit as h²)."""
-    # The limit itself: check_time_step returns it for any step below it.
-    limit = check_time_step(system, dict(params), grid, math.ulp(0.0), integrator)
+    limit = stable_dt_limit(system, params, grid, integrator)
     return max(at_least, math.ceil(dt / limit * (1.0 - 1e-12)))
 
 
@@ -151,18 +166,21 @@ def stable_substeps(system: System, params: Mapping[str, Any], grid: Grid, dt: f
 
 @dataclasses.dataclass(frozen=True)
 class _Refined(FitProblem):
-    """The fit's problem run at ``dt / substeps`` (on ``fine_grid`` when given; None: the
-    fit's grid), measuring ``"data"``: the refined prediction's misfit, or ``"change"``: the
-    misfit between the fit's own prediction and the refined one (both run side by side)."""
+    """The fit's problem run side by side with the same model at ``dt / substeps`` (on the
+    grid refined ``grid_factor`` times), or with ``alone`` the refined model only, whose
+    misfit is the refined prediction's. The pair's misfit is complex: its real part the
+    misfit between the fit's prediction and the refined one, its imaginary part the refined
+    prediction's misfit to the data; two measures of one run through the fit's loss code,
+    which sums one scalar per step."""
 
     substeps: int = 2
     grid_factor: int = 1
-    measure: str = "change"
+    alone: bool = False
 
     def initial_state(self, theta: Mapping[str, Any], batch: Batch) -> dict[str, Any]:
         x0 = super().initial_state(theta, batch)
         fine = {k: prolong(v, self.grid_factor, self.grid.boundaries) for k, v in x0.items()}
-        return {"coarse": x0, "fine": fine} if self.measure == "change" else {"fine": fine}
+        return {"fine": fine} if self.alone else {"coarse": x0, "fine": fine}
 
     def chain(self, grid: Any = None) -> LossChain:
         grid = grid or self.grid
@@ -185,8 +203,9 @@ class _Refined(FitProblem):
 
         def cost(state, params, n, data):
             fine = {f: restrict(v, m) for f, v in state["fine"].items()}
+            to_data = observation.cost(fine, data, n)
             if "coarse" not in state:
-                return observation.cost(fine, data, n)
+                return to_data
             slot = data.slot_of_step[n]
 
             def change():
@@ -197,7 +216,8 @@ class _Refined(FitProblem):
                     data.scale, data.slot_of_step)
                 return observation.misfit(state["coarse"], target, 0)
 
-            return jax.lax.cond(slot >= 0, change, lambda: zero_like_state(state))
+            between = jax.lax.cond(slot >= 0, change, lambda: zero_like_state(state))
+            return jax.lax.complex(between, to_data)
 
         def observed(n, data):
             return observation.observed(data, n)
@@ -205,12 +225,13 @@ class _Refined(FitProblem):
         return LossChain(step, cost, observed)
 
 
-def _refined_problem(problem: FitProblem, substeps: int, grid_factor: int, measure: str,
-                     ) -> _Refined:
+def _refined_problem(problem: FitProblem, substeps: int, grid_factor: int = 1,
+                     alone: bool = False, schedule: Any = None) -> _Refined:
+    """``problem`` as a :class:`_Refined`; by default a forward evaluation only (no snapshots
+    are kept whatever the fit's schedule)."""
     values = {f.name: getattr(problem, f.name) for f in dataclasses.fields(FitProblem)}
-    # A forward evaluation only: no snapshots are kept whatever the fit's schedule.
-    values["schedule"] = StoreAll()
-    return _Refined(**values, substeps=substeps, grid_factor=grid_factor, measure=measure)
+    values["schedule"] = StoreAll() if schedule is None else schedule
+    return _Refined(**values, substeps=substeps, grid_factor=grid_factor, alone=alone)
 
 
 def _data_norm(problem: FitProblem, batch: Batch) -> jnp.ndarray:
@@ -221,6 +242,28 @@ def _data_norm(problem: FitProblem, batch: Batch) -> jnp.ndarray:
         obs.weights[f] * obs.values[f] ** 2, axis=tuple(range(1, obs.values[f].ndim))))
         for f in obs.values)
     return total / next(iter(obs.scale.values())).shape[0]
+
+
+def unsupported(problem: FitProblem, options: Any, key: str = "fit.discretization_check",
+                ) -> str | None:
+    """Why ``options`` (``fit.discretization_check``'s, under ``key``) cannot check fits of
+    ``problem``, naming the offending key (None: they can). Known before the fit, so that
+    :mod:`pdefit.validate` refuses them before anything is compiled."""
+    if not options.enabled:
+        return None
+    if int(options.grid_factor) > 1:
+        reason = refinement_unsupported(problem.system)
+        if reason is None and problem.domain is not None and hasattr(problem.system, "step"):
+            reason = "a system with its own step is not refined on a device mesh"
+        if reason is not None:
+            return (f"{key}.grid_factor={options.grid_factor}: {reason}; use "
+                    f"{key}.grid_factor=1")
+    if options.parameters:
+        reason = uncertainty.unavailable_reason(problem)
+        if reason is not None:
+            return (f"{key}.parameters=true needs the Gauss–Newton curvature of the fitted "
+                    f"scalars, which is not available: {reason}; set {key}.parameters=false")
+    return None
 
 
 def twin_reason(meta: Any, problem: FitProblem) -> str | None:
@@ -253,14 +296,14 @@ def _ratio(numerator: float, denominator: float) -> float | None:
 def _measure(problem: FitProblem, theta: Any, batch: Batch, substeps: int, grid_factor: int,
              ) -> dict[str, Any]:
     """The fit's misfit, the size of the data, the refined model's misfit and the change
-    from the fit's prediction to the refined one: one compiled call (the fit's model, the
-    pair side by side, the refined model alone)."""
-    measured = [_refined_problem(problem, substeps, grid_factor, what)
-                for what in ("data", "change")]
+    from the fit's prediction to the refined one: one compiled call (the fit's model and the
+    pair side by side)."""
+    pair = _refined_problem(problem, substeps, grid_factor)
 
     def values(th, b):
-        return [problem.data_loss(th, b), _data_norm(problem, b),
-                *(p.data_loss(th, b) for p in measured)]
+        both = pair.data_loss(th, b)
+        return [problem.data_loss(th, b), _data_norm(problem, b), jnp.imag(both),
+                jnp.real(both)]
 
     misfit, data, refined, change = map(host_scalar, jax.jit(values)(theta, batch))
     return {"misfit": misfit, "data": data, "dt": problem.dt / substeps,
@@ -276,34 +319,27 @@ def _large(measure: Mapping[str, Any], options: Any) -> bool:
 
 
 def _grid_substeps(problem: FitProblem, theta: Any, batch: Batch, factor: int,
-                   at_least: int) -> tuple[int | None, str | None]:
-    """(time substeps on the grid refined ``factor`` times, None) or (None, why not)."""
-    reason = refinement_unsupported(problem.system)
-    if reason is None and problem.domain is not None and hasattr(problem.system, "step"):
-        reason = "a system with its own step on a device mesh"
-    if reason is not None:
-        return None, reason
+                   at_least: int) -> int:
+    """Time substeps on the grid refined ``factor`` times (every experiment's limit)."""
     n_experiments = jax.tree.leaves(problem.initial_state(theta, batch))[0].shape[0]
     return max(stable_substeps(problem.system, problem.experiment_params(theta, e),
                                refined_grid(problem.grid, factor), problem.dt,
                                problem.integrator, at_least)
-               for e in range(n_experiments)), None
+               for e in range(n_experiments))
 
 
 def parameter_shift(problem: FitProblem, theta: Any, batch: Batch, substeps: int,
-                    ) -> dict[str, Any]:
+                    parts: uncertainty.CurvatureParts | None = None) -> dict[str, Any]:
     """How far the optimum of the fitted shared scalars moves when the time step is divided
     by ``substeps``: the Gauss–Newton step δθ = −(2B)⁺ (∇L_fine − ∇L) from the fitted θ, B the
-    curvature of :mod:`pdefit.uncertainty` (the difference of gradients makes it the shift of
-    the optimum whether or not the fit reached it). Per parameter in physical units and
-    relative to its value; for a first-order scheme the bias of the fit at dt is up to about
-    twice this shift. Costs a gradient at the refined step and a forward-tangent sweep."""
-    reason = uncertainty.unavailable_reason(problem)
-    if reason is not None:
-        return {"available": False, "reason": reason}
-    parts = uncertainty.curvature_parts(problem, theta, batch)
-    refined = dataclasses.replace(_refined_problem(problem, substeps, 1, "data"),
-                                  schedule=problem.schedule)
+    curvature of :mod:`pdefit.uncertainty` (``parts``: :func:`uncertainty.curvature_parts`
+    at θ where already computed; the difference of gradients makes it the shift of the
+    optimum whether or not the fit reached it). Per parameter in physical units and relative
+    to its value. Costs a gradient at the refined step (and the forward-tangent sweep of the
+    curvature without ``parts``)."""
+    if parts is None:
+        parts = uncertainty.curvature_parts(problem, theta, batch)
+    refined = _refined_problem(problem, substeps, alone=True, schedule=problem.schedule)
     flat, unravel = ravel_pytree(theta["params"])
     gradient = np.asarray(ravel_pytree(jax.jit(jax.grad(refined.loss))(theta, batch)["params"])[0],
                           np.float64)
@@ -313,12 +349,10 @@ def parameter_shift(problem: FitProblem, theta: Any, batch: Batch, substeps: int
     shifts = {}
     for name in problem.layout.scalars:
         with jax.enable_x64(True):  # float64 even in a float32 fit
-            z = jnp.asarray(float(theta["params"][name]), jnp.float64)
-            value, slope = jax.jvp(problem.layout.specs[name].to_physical, (z,),
-                                   (jnp.ones_like(z),))
-        shift = float(slope) * float(step[int(index[name])])
-        shifts[name] = {"shift": shift,
-                        "relative": abs(shift / float(value)) if float(value) else None}
+            value, slope = uncertainty.mapped(problem.layout.specs[name],
+                                              float(theta["params"][name]))[:2]
+        shift = slope * float(step[int(index[name])])
+        shifts[name] = {"shift": shift, "relative": abs(shift / value) if value else None}
     relative = {n: r["relative"] for n, r in shifts.items() if r["relative"] is not None}
     largest = max(relative, key=relative.get) if relative else None
     return {"available": True, "parameters": shifts, "largest": largest,
@@ -326,15 +360,21 @@ def parameter_shift(problem: FitProblem, theta: Any, batch: Batch, substeps: int
 
 
 def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any = None,
-          log: Callable[[str], None] = print) -> dict[str, Any]:
+          log: Callable[[str], None] = print,
+          curvature: uncertainty.CurvatureParts | None = None) -> dict[str, Any]:
     """The ``discretization_check`` block of summary.json for the fitted ``theta`` (see the
-    module docstring); ``options`` are ``fit.discretization_check``'s, ``meta`` the dataset's
-    metadata (for the twin verdict).
+    module docstring); ``options`` are ``fit.discretization_check``'s (ValueError for those
+    :func:`unsupported` refuses), ``meta`` the dataset's metadata (for the twin verdict),
+    ``curvature`` the :func:`pdefit.uncertainty.curvature_parts` at ``theta`` where the fit
+    has them (for ``parameters``).
 
     Top level: the time-step refinement (``refined_dt``, ``misfit_refined``, ``change``,
     ``change_vs_residual``, ``change_vs_data``); under ``grid`` the same for the grid
     refinement where asked for and possible (its time step refined too, as far as the finer
     grid's stability limit needs)."""
+    refused = unsupported(problem, options)
+    if refused is not None:
+        raise ValueError(refused)
     k, m = int(options.dt_factor), int(options.grid_factor)
     log(f"discretization check: the fitted model again at dt/{k}"
         + (f" and on the grid ×{m}" if m > 1 else "") + "…")
@@ -349,42 +389,37 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
     # A system with its own step ignores system.integrator.
     stepping = ["system.dt"] + ([] if hasattr(problem.system, "step") else ["system.integrator"])
     notes, knobs = [], []
+    residual_large = _large(time, options)
     # With the parameter shift at hand it decides for the time step: it measures the bias
     # itself, which the residual does not on data without noise.
-    shift = (parameter_shift(problem, theta, batch, k) if getattr(options, "parameters", False)
-             else None)
-    by_shift = shift is not None and shift.get("max_relative") is not None
+    by_shift = bool(options.parameters)
     if by_shift:
+        shift = parameter_shift(problem, theta, batch, k, curvature)
         result["parameter_shift"] = shift
         result["parameter_tolerance"] = float(options.parameter_tolerance)
-        time_large = shift["max_relative"] > options.parameter_tolerance
+        time_large = (shift["max_relative"] or 0.0) > options.parameter_tolerance
     else:
-        if shift is not None:
-            notes.append(f"no parameter shift: {shift['reason']}")
-        time_large = _large(time, options)
+        time_large = residual_large
     result["criterion"] = "parameter_shift" if by_shift else "residual"
     if time_large:
         knobs += stepping
     if m > 1:
-        substeps, reason = _grid_substeps(problem, theta, batch, m, k)
-        if reason is not None:
-            notes.append(f"grid not refined: {reason}")
-            result["grid_check"] = {"skipped": reason}
-        else:
-            if substeps > k:
-                notes.append(f"dt/{substeps} on the grid ×{m} (its stability limit)")
-            grid = _measure(problem, theta, batch, substeps, m)
-            result["grid_check"] = {"grid_factor": m, **{
-                key: grid[key] for key in ("dt", "grid", "misfit_refined", "change",
-                                           "change_vs_residual", "change_vs_data")}}
-            # The grid is the knob when refining it moves the prediction well beyond what
-            # the time step alone does (RMS change more than twice as large), or when the
-            # parameter shift has already cleared the time step: naming the stepping then
-            # would contradict the shift just measured.
-            if _large(grid, options) and (by_shift or grid["change"] > 4.0 * time["change"]):
-                knobs.insert(0, "system.grid.shape")
-            elif _large(grid, options) and not knobs:
-                knobs += stepping
+        substeps = _grid_substeps(problem, theta, batch, m, k)
+        if substeps > k:
+            notes.append(f"dt/{substeps} on the grid ×{m} (its stability limit)")
+        grid = _measure(problem, theta, batch, substeps, m)
+        result["grid_check"] = {"grid_factor": m, **{
+            key: grid[key] for key in ("dt", "grid", "misfit_refined", "change",
+                                       "change_vs_residual", "change_vs_data")}}
+        residual_large = residual_large or _large(grid, options)
+        # The grid is the knob when refining it moves the prediction well beyond what the
+        # time step alone does (RMS change more than twice as large), or when the parameter
+        # shift has already cleared the time step: naming the stepping then would contradict
+        # the shift just measured.
+        if _large(grid, options) and (by_shift or grid["change"] > 4.0 * time["change"]):
+            knobs.insert(0, "system.grid.shape")
+        elif _large(grid, options) and not knobs:
+            knobs += stepping
     twin = None if meta is None else twin_reason(meta, problem)
     if twin is not None:
         verdict = TWIN
@@ -392,9 +427,30 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
                      "error; fit data simulated more finely (simulate.refine) to see it")
     else:
         verdict = WARNING if knobs else OK
+    # Whether the residual is partly discretization error (not pure noise): what the
+    # uncertainty intervals assume fails (mark_intervals); a twin's residual cannot be.
+    result["model_error_in_residual"] = residual_large and verdict != TWIN
     result.update(verdict=verdict, knobs=knobs if verdict == WARNING else [], notes=notes)
     result["message"] = _message(result)
     return result
+
+
+MODEL_ERROR_NOTE = ("the residual is partly discretization error (discretization check), "
+                    "not the pure noise the intervals assume: they are not reliable")
+
+
+def mark_intervals(intervals: Mapping[str, Any], result: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``uncertainty`` block of summary.json (:func:`pdefit.uncertainty.estimate`) with
+    ``model_error_dominated`` from the check's ``result``: true where the residual is partly
+    discretization error, which the intervals take for noise (they then neither hold nor
+    cover the bias), with a note saying so."""
+    if not intervals.get("available"):
+        return dict(intervals)
+    flagged = bool(result.get("model_error_in_residual", False))
+    note = intervals.get("note")
+    if flagged:
+        note = MODEL_ERROR_NOTE if not note else f"{note}; {MODEL_ERROR_NOTE}"
+    return {**intervals, "model_error_dominated": flagged, "note": note}
 
 
 def _message(result: Mapping[str, Any]) -> str:
@@ -415,7 +471,7 @@ def _message(result: Mapping[str, Any]) -> str:
             result["knobs"][0] != "system.grid.shape"):
         line += (f". WARNING: the fitted values move by more than "
                  f"{100 * result['parameter_tolerance']:g} % at dt/{result['dt_factor']} "
-                 f"(their discretization bias is at least that); refine {knobs}")
+                 f"(their discretization bias is of that order); refine {knobs}")
     elif result["verdict"] == WARNING:
         line += (f". WARNING: the discretization error is not small against the residual "
                  f"(> {result['tolerance']:g}): the residual is partly model error and the "

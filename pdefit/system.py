@@ -40,6 +40,7 @@ Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call colle
 from __future__ import annotations
 
 import importlib
+from collections.abc import Mapping
 from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -207,15 +208,23 @@ def stepper(system: System, grid: Grid, method: str) -> Step:
     return make_stepper(method, rhs, gates)
 
 
+def stable_dt_limit(system: System, params: Mapping[str, Any], grid: Grid, method: str,
+                    ) -> float:
+    """The largest stable time step of ``system`` on ``grid`` with ``method`` (a system with
+    its own ``step`` declares its own limit, whatever the method)."""
+    limit = system.max_stable_dt(dict(params), grid)
+    if not hasattr(system, "step"):
+        limit *= REAL_AXIS_STABILITY[method] / REAL_AXIS_STABILITY["euler"]
+    return limit
+
+
 def check_time_step(system: System, params: dict[str, float], grid: Grid, dt: float,
                     method: str) -> float:
     """Raise :class:`UnstableTimeStepError` if ``dt`` is above the stability limit of ``method``;
     return the limit."""
     if not dt > 0:
         raise UnstableTimeStepError(f"time step dt={dt} must be positive")
-    limit = system.max_stable_dt(params, grid)
-    if not hasattr(system, "step"):
-        limit *= REAL_AXIS_STABILITY[method] / REAL_AXIS_STABILITY["euler"]
+    limit = stable_dt_limit(system, params, grid, method)
     if dt > limit:
         raise UnstableTimeStepError(
             f"time step dt={dt} exceeds the stability limit {limit:.4g} of {system.name} with "

@@ -253,7 +253,7 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
     for name in problem.layout.scalars:
         spec = problem.layout.specs[name]
         with jax.enable_x64(True):  # a float32 fit's interval may be narrower than its eps
-            value, slope, ends = _mapped(spec, float(theta["params"][name]), 0.0)
+            value, slope, ends = mapped(spec, float(theta["params"][name]))
         row: dict[str, Any] = {"value": value, "std_error": None, "ci95_low": None,
                                "ci95_high": None, "rel_std_error": None, "to_optimum": None,
                                "flag": ""}
@@ -263,7 +263,7 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
             continue
         sigma_z = math.sqrt(max(float(cov[int(index[name]), int(index[name])]), 0.0))
         with jax.enable_x64(True):
-            ends = _mapped(spec, float(theta["params"][name]), quantile * sigma_z)[2]
+            ends = mapped(spec, float(theta["params"][name]), quantile * sigma_z)[2]
         std = abs(slope) * sigma_z
         rel = std / abs(value) if value else None
         remaining = (None if step is None or sigma_z == 0 else
@@ -277,7 +277,7 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
     return out
 
 
-def _mapped(spec: Any, z: float, half_width: float) -> tuple[float, float, list[float]]:
+def mapped(spec: Any, z: float, half_width: float = 0.0) -> tuple[float, float, list[float]]:
     """(p(z), p'(z), sorted [p(z − h), p(z + h)]) through ``spec``'s transform, in float64
     (call under ``jax.enable_x64``)."""
     z64 = jnp.asarray(z, jnp.float64)
@@ -308,17 +308,19 @@ def known_sigma(noise: Mapping[str, Any] | None) -> float | None:
 
 
 def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None = None,
-             rcond: float | None = None) -> dict[str, Any]:
+             rcond: float | None = None, parts: CurvatureParts | None = None,
+             ) -> dict[str, Any]:
     """The ``uncertainty`` block of summary.json at the optimum ``theta``: noise level and its
     source, degrees of freedom, condition number, near-singular directions and per fitted
     scalar its std error and 95 % interval (physical units). ``sigma``: the known noise level
-    (None: estimated from the residual)."""
+    (None: estimated from the residual); ``parts``: :func:`curvature_parts` at ``theta``
+    where already computed."""
     reason = unavailable_reason(problem)
     if reason is not None:
         return {"available": False, "reason": reason}
     flat, unravel = ravel_pytree(theta["params"])
     rcond = default_rcond(flat.dtype) if rcond is None else rcond
-    parts = curvature_parts(problem, theta, batch)
+    parts = curvature_parts(problem, theta, batch) if parts is None else parts
     p, n_values = int(flat.shape[0]), parts.n_values
     dof = n_values - p
     if sigma is None:

@@ -17,7 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from .assemble import ConfigError
+from . import discretization
+from .assemble import ConfigError, refine_factors
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "lbfgs", "levenberg_marquardt")
 SCHEDULES = ("constant", "cosine", "exponential")
@@ -119,8 +120,7 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     if fit.stages is not None:
         for i, k in enumerate(fit.stages):
             _at_least(f"fit.stages[{i}]", k, 2)
-    if fit.discretization_check.enabled:
-        validate_discretization_check(fit.discretization_check)
+    validate_discretization_check(fit.discretization_check)
     reg = cfg.regularization
     _non_negative("regularization.params", reg.params)
     _non_negative("regularization.fields", reg.fields)
@@ -136,13 +136,22 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     _simulation(cfg, log)
 
 
-def validate_discretization_check(check: Any, key: str = "fit.discretization_check") -> None:
-    """The numbers of ``fit.discretization_check`` (pdefit.discretization)."""
+def validate_discretization_check(check: Any, key: str = "fit.discretization_check",
+                                  problem: Any = None) -> None:
+    """The numbers of ``fit.discretization_check`` (pdefit.discretization); with the fit's
+    ``problem`` (once assembled, before compiling) also what the check cannot do for it:
+    ``grid_factor`` > 1 on a grid that cannot be refined, ``parameters`` without the
+    Gauss–Newton curvature. Nothing to check when the check is off."""
+    if not check.enabled:
+        return
     _at_least(f"{key}.dt_factor", check.dt_factor, 2)
     _at_least(f"{key}.grid_factor", check.grid_factor, 1)
     _positive(f"{key}.tolerance", check.tolerance)
     _non_negative(f"{key}.negligible", check.negligible)
     _positive(f"{key}.parameter_tolerance", check.parameter_tolerance)
+    refused = None if problem is None else discretization.unsupported(problem, check, key)
+    if refused is not None:
+        raise ConfigError(refused)
 
 
 def _grid(grid: Any) -> None:
@@ -164,8 +173,7 @@ def _simulation(cfg: Any, log: Callable[[str], None]) -> None:
     _at_least("simulate.steps_per_frame", sim.steps_per_frame, 1)
     _at_least("simulate.n_experiments", sim.n_experiments, 1)
     _at_least("simulate.frames_per_shard", sim.frames_per_shard, 1)
-    _at_least("simulate.refine.dt_factor", sim.refine.dt_factor, 1)
-    _at_least("simulate.refine.grid_factor", sim.refine.grid_factor, 1)
+    refine_factors(cfg)
     if sim.noise is not None:
         _non_negative("simulate.noise.sigma", sim.noise.sigma)
     flat = _flat_fields(cfg)

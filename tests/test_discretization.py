@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from pdefit import assemble, cli, discretization
+from pdefit import assemble, cli, discretization, uncertainty
 from pdefit.api import build_problem
 from pdefit.config import DiscretizationCheckConfig
 from pdefit.data import open_dataset
@@ -21,7 +21,7 @@ from pdefit.grid import Grid
 from pdefit.integrate import simulate
 from pdefit.system import stepper
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
-from pdefit.validate import validate_fit
+from pdefit.validate import validate_discretization_check, validate_fit
 from tests.test_fit import SMALL, config
 
 
@@ -126,19 +126,64 @@ def test_check_flags_a_coarse_time_step_and_passes_a_fine_one(refined_noisy_data
     # At dt/2 the coarse fit's prediction moves towards the data made at dt/20.
     assert coarse["misfit_refined"] < coarse["misfit"]
     assert coarse["refined_dt"] == 0.025 and coarse["verdict"] != discretization.TWIN
+    assert coarse["model_error_in_residual"] and not fine["model_error_in_residual"]
+
+
+def test_unsupported_check_options_are_refused_before_the_fit(tmp_path):
+    """parameters=true without a Gauss–Newton curvature (a fitted initial field) and
+    grid_factor > 1 on a grid that cannot be refined raise ConfigError naming the key, from
+    validation of the assembled problem (pdefit-fit: before any fit is compiled)."""
+    dtype = assemble.set_precision("float64")
+    data = assemble.simulate_dataset(config(tmp_path, *SMALL), tmp_path / "ap.zarr", dtype,
+                                     log=lambda _: None)
+    fields = assemble.build_fit(config(tmp_path, *SMALL, f"data.path={data}",
+                                       "fit.params=[k]", "+fit.initial_fields.v=fit"),
+                                data, dtype).problem
+    parameters = OmegaConf.structured(DiscretizationCheckConfig(parameters=True))
+    with pytest.raises(assemble.ConfigError, match=r"fit\.discretization_check\.parameters="
+                                                   r"true .*fitted initial fields \['v'\]"):
+        validate_discretization_check(parameters, problem=fields)
+    validate_discretization_check(OmegaConf.structured(DiscretizationCheckConfig(
+        parameters=True, enabled=False)), problem=fields)  # off: nothing to refuse
+
+    @dataclasses.dataclass(frozen=True)
+    class Staggered(AlievPanfilov):
+        refinable_grid: ClassVar[bool] = False
+
+    staggered = dataclasses.replace(fields, system=Staggered(initial="blobs"), fitted_fields=())
+    grid = OmegaConf.structured(DiscretizationCheckConfig(grid_factor=2))
+    with pytest.raises(assemble.ConfigError, match=r"discretization_check\.grid_factor=2: "
+                                                   r".*does not declare a refinable"):
+        validate_discretization_check(grid, "discretization_check", staggered)
+
+    run = tmp_path / "run"
+    with pytest.raises(assemble.ConfigError, match=r"fit\.discretization_check\.parameters"):
+        cli.fit(config(run, *SMALL, f"data.path={data}", "fit.params=[k]",
+                       "+fit.initial_fields.v=fit", "fit.discretization_check.parameters=true"))
+    assert not list(run.glob("**/checkpoints/*"))
 
 
 def test_parameter_shift_estimates_the_bias_of_a_coarse_fit(refined_noisy_data):
     """With parameters=true the check estimates how far k's optimum moves at dt/2 (a
-    Gauss–Newton step): for first-order Euler about half the bias, so it shrinks about in
-    proportion to dt; the verdict then follows parameter_tolerance."""
+    Gauss–Newton step, on the curvature the intervals computed): for first-order Euler about
+    half the bias, so it shrinks about in proportion to dt; the verdict then follows
+    parameter_tolerance. The intervals are marked unreliable where the residual is partly
+    discretization error (dt = 0.05), not where it is noise (dt = 0.005)."""
     options = OmegaConf.structured(DiscretizationCheckConfig(parameters=True,
                                                              parameter_tolerance=2e-4))
-    found = {}
+    found, marked = {}, {}
     for dt in (0.05, 0.005):
         setup = build_problem("aliev_panfilov", refined_noisy_data, fit=["k"], dt=dt)
+        parts = uncertainty.curvature_parts(setup.problem, setup.theta0, setup.batch)
         found[dt] = discretization.check(setup.problem, setup.theta0, setup.batch, options,
-                                         log=lambda _: None)
+                                         log=lambda _: None, curvature=parts)
+        intervals = uncertainty.estimate(setup.problem, setup.theta0, setup.batch, parts=parts)
+        marked[dt] = discretization.mark_intervals(intervals, found[dt])
+        assert marked[dt]["parameters"] == intervals["parameters"]
+    assert marked[0.05]["model_error_dominated"] and "not reliable" in marked[0.05]["note"]
+    assert not marked[0.005]["model_error_dominated"] and marked[0.005]["note"] is None
+    assert "model_error_dominated" not in discretization.mark_intervals(
+        {"available": False, "reason": "fit.uncertainty=false"}, found[0.05])
     coarse, fine = (found[dt]["parameter_shift"]["parameters"]["k"]["relative"]
                     for dt in (0.05, 0.005))
     print(f"k moves by {coarse:.3%} at dt = 0.05 → 0.025, {fine:.3%} at 0.005 → 0.0025")
@@ -151,8 +196,8 @@ def test_parameter_shift_estimates_the_bias_of_a_coarse_fit(refined_noisy_data):
 
 def test_check_on_a_mesh_and_a_refined_grid_equals_one_device(tmp_path):
     """Two experiments over a 2 × 2 mesh of tiles with ×2 grid refinement: the check's
-    numbers equal the single-device ones; a system without a refinable grid skips the grid
-    part and says why."""
+    numbers equal the single-device ones; a system without a refinable grid is refused, the
+    key named."""
     dtype = assemble.set_precision("float64")
     data = assemble.simulate_dataset(config(tmp_path, *SMALL, "simulate.n_experiments=2"),
                                      tmp_path / "two.zarr", dtype, log=lambda _: None)
@@ -179,10 +224,10 @@ def test_check_on_a_mesh_and_a_refined_grid_equals_one_device(tmp_path):
     plain = dataclasses.replace(setup.problem, system=Staggered(initial="blobs"), domain=None)
     single_setup = assemble.build_fit(config(tmp_path, *SMALL, f"data.path={data}",
                                              "fit.params=[k,a]"), data, dtype)
-    skipped = discretization.check(plain, single_setup.theta0, single_setup.batch, options,
-                                   log=lambda _: None)
-    assert "does not declare a refinable" in skipped["grid_check"]["skipped"]
-    assert skipped["change"] == pytest.approx(single["change"], rel=1e-9)
+    with pytest.raises(ValueError, match=r"fit\.discretization_check\.grid_factor=2: .*does "
+                                         r"not declare a refinable"):
+        discretization.check(plain, single_setup.theta0, single_setup.batch, options,
+                             log=lambda _: None)
 
 
 def test_fit_reports_the_check_in_summary_and_table(tmp_path, capsys):
@@ -196,6 +241,7 @@ def test_fit_reports_the_check_in_summary_and_table(tmp_path, capsys):
         assert key in check
     assert check["verdict"] == discretization.TWIN and check["refined_dt"] == 0.025
     assert json.loads((run / "summary.json").read_text())["discretization_check"] == check
+    assert summary["uncertainty"]["model_error_dominated"] is False  # a twin: noise only
     assert "discretization check (dt/2): predictions change by" in capsys.readouterr().out
 
 
