@@ -179,33 +179,15 @@ class SphericalTransform:
         table = t.legendre if table is None else table
         return real_table_einsum("...im,mli->...ml", c, self._const(table * t.weights, c))
 
-    def legendre_analysis_sum(self, c: Any, tables: tuple[np.ndarray, ...]) -> jnp.ndarray:
-        """Σ_k of :meth:`legendre_analysis` of c[..., k, :, :] with ``tables[k]``, for Fourier
-        coefficients c (..., K, nlat, M): one contraction over (k, μ_i) instead of K and
-        their sum."""
-        table = np.stack(tables) * self.tables.weights
-        return real_table_einsum("...kim,kmli->...ml", c, self._const(table, c))
-
     def analysis(self, f: Any) -> jnp.ndarray:
         """Grid (..., nlat, nlon) → coefficients (..., M, L + 1)."""
         return self.legendre_analysis(self.fourier(f))
 
-    def _inverse_fourier(self, c: Any) -> jnp.ndarray:
-        """Grid (..., nlat, nlon) of Fourier coefficients c (..., nlat, M), m = 0..L."""
+    def _synthesise(self, a: Any, table: np.ndarray) -> jnp.ndarray:
+        c = real_table_einsum("...ml,mli->...im", a, self._const(table, a))
         pad = self.nlon // 2 + 1 - c.shape[-1]
         c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
         return jnp.fft.irfft(c * self.nlon, n=self.nlon, axis=-1)
-
-    def _synthesise(self, a: Any, table: np.ndarray) -> jnp.ndarray:
-        return self._inverse_fourier(
-            real_table_einsum("...ml,mli->...im", a, self._const(table, a)))
-
-    def synthesis_stack(self, a: Any, tables: tuple[np.ndarray, ...]) -> jnp.ndarray:
-        """Grid fields (..., K, F, nlat, nlon) of coefficients a (..., K, F, M, L + 1), each
-        a[..., k, :, :, :] synthesised with ``tables[k]`` (tables of :class:`Tables`): one
-        batched contraction and one inverse FFT for all K·F fields."""
-        table = self._const(np.stack(tables), a)
-        return self._inverse_fourier(real_table_einsum("...kfml,kmli->...kfim", a, table))
 
     def synthesis(self, a: Any) -> jnp.ndarray:
         """Coefficients (..., M, L + 1) → grid (..., nlat, nlon)."""
@@ -270,26 +252,15 @@ class SphericalTransform:
             curl_lm = −(1/R) Σ_i w_i [i m B_m P̄_l^m − A_m (1 − μ²) dP̄_l^m/dμ] / (1 − μ_i²).
 
         Exact when F is band-limited (e.g. F = r̂ × ∇χ + ∇ξ with χ, ξ of degree ≤ L)."""
-        return self.analysis_plus_curl(None, f_theta, f_phi, radius)
-
-    def analysis_plus_curl(self, f: Any, f_theta: Any, f_phi: Any, radius: Any = 1.0,
-                           ) -> jnp.ndarray:
-        """Coefficients of f + r̂·curl F (f = None: of the curl alone) in one FFT of the
-        stacked grid fields and one Legendre contraction (:meth:`legendre_analysis_sum`), the
-        curl as in :meth:`curl_analysis`."""
         t = self.tables
-        real = _real(jnp.result_type(*(g for g in (f, f_theta, f_phi) if g is not None)))
-        # B/(1 − μ²) = F_θ/sin θ, A/(1 − μ²) = F_φ/sin θ
-        over = jnp.asarray(1.0 / np.sin(t.theta)[:, None], real)
-        grids = [f_theta * over, f_phi * over] + ([] if f is None else [f])
-        c = self.fourier(jnp.stack(grids, axis=-3))  # one FFT for all
-        b, a = c[..., 0, :, :], c[..., 1, :, :]
+        sin = np.sin(t.theta)[:, None]
+        real = _real(jnp.result_type(f_theta, f_phi))
+        over = jnp.asarray(1.0 / sin, real)  # B/(1 − μ²) = F_θ/sin θ, A/(1 − μ²) = F_φ/sin θ
+        b, a = self.fourier(jnp.stack([f_theta * over, f_phi * over]))  # one FFT for both
         m = jnp.asarray(np.arange(self.lmax + 1), real)
-        with_legendre = -(1j * m) * b / radius
-        if f is not None:
-            with_legendre = with_legendre + c[..., 2, :, :]
-        return self.legendre_analysis_sum(jnp.stack([with_legendre, a / radius], axis=-3),
-                                          (t.legendre, t.dlegendre))
+        curl = (self.legendre_analysis(1j * m * b)
+                - self.legendre_analysis(a, t.dlegendre))
+        return -curl / radius
 
     def divergence_analysis(self, f_theta: Any, f_phi: Any, radius: Any = 1.0) -> jnp.ndarray:
         """Coefficients of ∇·F = (∂θ(sin θ F_θ) + ∂φF_φ)/(R sin θ), by the same integration by

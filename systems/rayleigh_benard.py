@@ -92,10 +92,9 @@ def _west(a: jnp.ndarray) -> jnp.ndarray:
     return jnp.roll(a, 1, axis=-1)
 
 
-def _with_ghosts(a: jnp.ndarray, sign: Any) -> jnp.ndarray:
+def _with_ghosts(a: jnp.ndarray, sign: float) -> jnp.ndarray:
     """A cell-centred (in z) field with one ghost row at each wall: ``sign`` = −1 puts the
-    wall value at 0 (Dirichlet at the face), +1 makes the wall gradient 0 (an array of signs
-    broadcast against stacked fields gives each its own rule)."""
+    wall value at 0 (Dirichlet at the face), +1 makes the wall gradient 0."""
     return jnp.concatenate([sign * a[..., :1, :], a, sign * a[..., -1:, :]], axis=-2)
 
 
@@ -205,11 +204,9 @@ class RayleighBenard:
         u, w, th = state["u"], state["w"], state["theta"]
         ra, pr = params["Ra"], params["Pr"]
         wf = _all_faces(w)
-        # Ghost rows of u mirror (free-slip) or negate (no-slip) the first row off each wall,
-        # θ's negate it; one concatenation for both (one kernel fewer per stage).
-        signs = np.array([-1.0 if self.walls == "no_slip" else 1.0, -1.0])[:, None, None]
-        ghosts = _with_ghosts(jnp.stack([u, th], axis=-3), signs.astype(u.dtype))
-        ug, thg = ghosts[..., 0, :, :], ghosts[..., 1, :, :]
+        # Ghost rows of u mirror (free-slip) or negate (no-slip) the first row off each wall.
+        ug = _with_ghosts(u, -1.0 if self.walls == "no_slip" else 1.0)
+        thg = _with_ghosts(th, -1.0)
 
         # The u·w flux lives on cell corners (z = j dz, x = i dx), levels j = 0 … nz; it is
         # zero on the walls (w = 0 there) whatever the ghost u is.

@@ -121,25 +121,6 @@ def test_curl_of_a_force_from_a_stream_function():
     assert np.abs(u_theta - ref_theta).max() < 1e-12 and np.abs(u_phi - ref_phi).max() < 1e-12
 
 
-def test_batched_transforms_equal_one_field_at_a_time():
-    """The batched forms the tendency uses (one contraction and one FFT for several fields
-    and tables) equal the one-field transforms, with leading batch axes too."""
-    transform, radius = SphericalTransform(12, 24), 1.3
-    t = transform.tables
-    coeffs = np.stack([band_limited(transform, s) for s in range(6)]).reshape(
-        3, 2, transform.lmax + 1, transform.lmax + 1)  # (experiments, fields, M, L + 1)
-    pair = np.stack([transform.dphi(coeffs), coeffs], axis=-4)  # (3, table, field, M, L + 1)
-    stacked = transform.synthesis_stack(pair, (t.legendre, t.dlegendre))
-    assert stacked.shape == (3, 2, 2, transform.nlat, transform.nlon)
-    assert np.abs(stacked[:, 0] - transform.synthesis(transform.dphi(coeffs))).max() < 1e-13
-    assert np.abs(stacked[:, 1] - transform.synthesis_dmu(coeffs)).max() < 1e-13
-    f, f_theta, f_phi = (transform.synthesis(coeffs[:, k % 2] * (k + 1)) for k in range(3))
-    expected = transform.analysis(f) + transform.curl_analysis(f_theta, f_phi, radius)
-    combined = transform.analysis_plus_curl(f, f_theta, f_phi, radius)
-    assert combined.shape == expected.shape == (3, transform.lmax + 1, transform.lmax + 1)
-    assert np.abs(combined - expected).max() < 1e-13 * np.abs(expected).max()
-
-
 def test_helmholtz_parts_and_area_mean():
     """F = r̂ × ∇χ + ∇ξ splits back into its two parts to round-off, and the quadrature mean
     of a product of band-limited fields is exact: ⟨|F|²⟩ = ⟨|r̂ × ∇χ|²⟩ + ⟨|∇ξ|²⟩ (the parts
