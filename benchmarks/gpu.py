@@ -20,8 +20,8 @@ What it measures
 - ``small``: Rayleigh–Bénard (``experiment=rb_temperature_from_velocity``, 100²) and the sphere
   (``experiment=sphere_force_recovery``, 12 experiments on 32 × 64), via :func:`sphere.build`:
   the forward per time step (the jitted loss over its steps), value-and-gradient with
-  revolve and with store-all, and the launches, FFTs, dots and loops one step and its VJP
-  execute in this device's optimised HLO (:func:`small_systems.op_columns`).
+  revolve and with store-all, and the launches, FFTs, dots, custom calls and loops one step
+  and its VJP execute in this device's optimised HLO (:func:`small_systems.op_columns`).
 
 Every timed function runs once to compile; the table shows the best of ``--repeats`` runs.
 
@@ -193,7 +193,7 @@ def small_rows(experiment: str, label: str, overrides: Sequence[str],
             if name.startswith("step"):  # launches per step in this device's optimised HLO
                 ops = small_systems.op_columns(fn.lower(*args).compile().as_text())
                 rows += [row("small", case, f"{name}: {column}", ops[column], "")
-                         for column in ("launches", "fft", "dot", "while")]
+                         for column in ("launches", "fft", "dot", "custom-call", "while")]
         for schedule, s in setups.items():
             grad = jax.jit(s.problem.value_and_grad)
             seconds = best_time(lambda grad=grad: grad(theta, batch), repeats)

@@ -12,10 +12,12 @@ once into ``--data``):
   (``step vjp``, one reversed step of the adjoint: the step again and its transpose). Each
   top-level instruction of the entry, of loop bodies and of branches counts as one launch
   (a fusion is one, whatever it fuses); loop bodies count as many times as their known trip
-  count. Columns: ``fft``, ``dot``, ``custom-call``, ``fusion``, ``while``, and ``launches``,
-  every instruction but parameters, constants, tuples, ``get-tuple-element`` and bitcasts.
-  The counts come from the CPU compiler, whose fusion decisions differ from a GPU's; the
-  transforms and contractions (``fft``, ``dot``) are the same on both.
+  count. Columns: ``fft``, ``dot`` and ``custom-call`` (also those inside fusions: a GPU runs
+  each as a library call; a GPU compiler may turn dots into custom calls to its BLAS),
+  ``fusion``, ``while``, and ``launches``, every top-level instruction but parameters,
+  constants, tuples, ``get-tuple-element`` and bitcasts. On the CPU backend the counts come
+  from the CPU compiler, whose fusion decisions differ from a GPU's; ``benchmarks/gpu.py``
+  prints the same counts from the device it runs on.
 - ``time``: process CPU time (all threads) of the jitted misfit over the window, per step
   (``forward``), and of one value-and-gradient with revolve and with store-all; the minimum
   over ``--repeats`` interleaved runs after a compile run. Wall time is recorded beside it.
