@@ -19,8 +19,9 @@ What it measures
   time over (evaluations per step × one evaluation), 1 when the loop adds nothing.
 - ``small``: Rayleigh–Bénard (``experiment=rb_temperature_from_velocity``, 100²) and the sphere
   (``experiment=sphere_force_recovery``, 12 experiments on 32 × 64), via :func:`sphere.build`:
-  the forward per time step (the jitted loss over its steps) and value-and-gradient with
-  revolve and with store-all.
+  the forward per time step (the jitted loss over its steps), value-and-gradient with
+  revolve and with store-all, and the launches, FFTs, dots, custom calls and loops one step
+  and its VJP execute in this device's optimised HLO (:func:`small_systems.op_columns`).
 
 Every timed function runs once to compile; the table shows the best of ``--repeats`` runs.
 
@@ -55,6 +56,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import adjoint as adjoint_bench  # the sibling scripts, reused
 import forward as forward_bench
+import small_systems
 import sphere as sphere_bench
 
 SECTIONS = ("bandwidth", "forward", "adjoint", "fit", "small")
@@ -187,6 +189,11 @@ def small_rows(experiment: str, label: str, overrides: Sequence[str],
         forward = best_time(lambda: loss(theta, batch), repeats)
         case = f"{label} {'×'.join(map(str, problem.grid.shape))} N={problem.n_steps}"
         rows = [row("small", case, "forward per step", forward / problem.n_steps * 1e6, "µs")]
+        for name, (fn, args) in small_systems.programs(setups).items():
+            if name.startswith("step"):  # launches per step in this device's optimised HLO
+                ops = small_systems.op_columns(fn.lower(*args).compile().as_text())
+                rows += [row("small", case, f"{name}: {column}", ops[column], "")
+                         for column in ("launches", "fft", "dot", "custom-call", "while")]
         for schedule, s in setups.items():
             grad = jax.jit(s.problem.value_and_grad)
             seconds = best_time(lambda grad=grad: grad(theta, batch), repeats)

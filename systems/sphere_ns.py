@@ -120,7 +120,10 @@ def interpolate_in_time(nodes: Any, t: Any, t_nodes: Any) -> jnp.ndarray:
     t_nodes = jnp.asarray(t_nodes, jnp.result_type(nodes))
     if nodes.shape[0] == 1:
         return nodes[0]
-    k = jnp.clip(jnp.searchsorted(t_nodes, t, side="right") - 1, 0, nodes.shape[0] - 2)
+    # compare_all: one comparison with every node, where the default bisection is a loop
+    # (on an accelerator a few launches per iteration, three loops per rk4 step).
+    k = jnp.clip(jnp.searchsorted(t_nodes, t, side="right", method="compare_all") - 1, 0,
+                 nodes.shape[0] - 2)
     t0, t1 = t_nodes[k], t_nodes[k + 1]
     w = jnp.clip((t - t0) / (t1 - t0), 0.0, 1.0)
     return (1 - w) * nodes[k] + w * nodes[k + 1]

@@ -9,11 +9,12 @@ from pathlib import Path
 import jax
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "gpu.py"
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+SCRIPT = BENCHMARKS / "gpu.py"
 
 
-def load_benchmark():
-    spec = importlib.util.spec_from_file_location("gpu_benchmark", SCRIPT)
+def load_benchmark(path: Path = SCRIPT):
+    spec = importlib.util.spec_from_file_location(f"{path.stem}_benchmark", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -48,5 +49,22 @@ def test_quick_runs_every_section(tmp_path, capsys):
     quantities = {r["quantity"] for r in result["rows"]}
     assert {"revolve_branch_free /model", "revolve_segments/nested", "lbfgs evaluations/step",
             "lbfgs step/evaluations", "forward per step",
-            "value and gradient, revolve"} <= quantities
+            "value and gradient, revolve", "step: launches", "step vjp: fft"} <= quantities
     assert all(r["value"] is not None for r in result["rows"]), out
+
+
+def test_hlo_op_counts_weight_loop_bodies_by_their_trip_count():
+    """The launch count behind the small-system rows: an FFT in a loop of 3 iterations counts
+    3 times, one outside once, the dot fused with its operands still counts, and the loop
+    itself once."""
+    small = load_benchmark(BENCHMARKS / "small_systems.py")
+    jnp = jax.numpy
+
+    def f(x, m):
+        y = jax.lax.fori_loop(0, 3, lambda i, y: jnp.fft.irfft(jnp.fft.rfft(y) * 0.5), x)
+        return jnp.fft.rfft(y).real, (2.0 * m) @ m
+
+    x, m = jnp.ones((4, 16)), jnp.ones((8, 8))
+    ops = small.op_columns(jax.jit(f).lower(x, m).compile().as_text())
+    assert ops["fft"] == 3 * 2 + 1 and ops["dot"] == 1 and ops["while"] == 1
+    assert ops["launches"] >= ops["fft"] + ops["while"]
