@@ -143,15 +143,17 @@ def _hold(fit: Any) -> None:
     :func:`pdefit.cli.stage_holds`)."""
     for name, count in dict(fit.hold or {}).items():
         key = f"fit.hold.{name}"
-        if name not in list(fit.params):
-            raise ConfigError(f"{key}: {name!r} is not a fitted parameter (fit.params="
-                              f"{list(fit.params)}); only fitted parameters can be held")
         count = _at_least(key, count, 0)
         if count == 0:  # not held (how an override switches off an experiment's hold)
             continue
+        if name not in list(fit.params):
+            raise ConfigError(f"{key}: {name!r} is not a fitted parameter (fit.params="
+                              f"{list(fit.params)}); only fitted parameters can be held "
+                              f"({key}=0 drops the hold)")
         if not fit.stages:
             raise ConfigError(f"{key}: holding a parameter needs a staged fit (fit.stages); "
-                              f"without stages it would never be fitted")
+                              f"without stages it would never be fitted ({key}=0 drops the "
+                              "hold)")
         if count > len(fit.stages):
             raise ConfigError(f"{key}={count}: there are {len(fit.stages)} listed stages "
                               f"(fit.stages={list(fit.stages)}) and the last one must fit it")
