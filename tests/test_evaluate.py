@@ -27,6 +27,7 @@ from pdefit.evaluate import (
 from pdefit.grid import Grid
 from pdefit.influence import rank_parameters
 from pdefit.systems.bocf import BOCF, parameter_values
+from pdefit.validate import validate_fit
 
 # -- metrics with known answers -----------------------------------------------------------------
 
@@ -427,6 +428,7 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
                       ("k=3", r"fit\.hold\.k=3: there are 2 listed stages")]:
         with pytest.raises(ConfigError, match=key):
             fit(config(tmp_path / "bad", *overrides[:-1], f"+fit.hold.{hold}"))
+    validate_fit(config(tmp_path / "ok", *overrides, "+fit.hold.mu1=0"))  # 0: no hold
     # Stages [2, 4] on 4 frames: the second listed stage is the last, which must fit k.
     with pytest.raises(ConfigError, match=r"fit\.hold\.k=2: the fit has 2 stages"):
         fit(config(tmp_path / "bad", *overrides[:-1], "fit.stages=[2,4]", "+fit.hold.k=2"))
