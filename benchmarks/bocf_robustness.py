@@ -41,6 +41,7 @@ import numpy as np
 from hydra import compose, initialize_config_dir
 
 from pdefit import assemble, cli
+from pdefit.train import TrainingDivergedError
 
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 
@@ -61,7 +62,14 @@ def one_fit(base: list[str], dataset: Path, seed: int, run_dir: Path) -> dict[st
     cfg = config([*base, f"data.path={dataset}", f"fit.perturb.seed={seed}",
                   f"run.dir={run_dir}"])
     wall, cpu = time.perf_counter(), time.process_time()
-    summary = cli.fit(cfg)
+    try:
+        summary = cli.fit(cfg)
+    except TrainingDivergedError as err:  # a record of its own; the other fits go on
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        return {"seed": seed, "wall_s": wall, "cpu_s": cpu, "run_dir": str(run_dir),
+                "failure": f"diverged: {err}", **{key: None for key in (
+                    "mean_rel_error", "median_rel_error", "max_rel_error", "best_loss",
+                    "initial_loss", "iterations", "start_mean_rel_error")}}
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     rows = summary["parameters"]
     record = {key: summary[key] for key in ("mean_rel_error", "median_rel_error",
@@ -92,6 +100,10 @@ def table(records: list[dict[str, Any]]) -> str:
     for r in records:
         z = r.get("mean_abs_z")
         se = r.get("max_rel_std_error")
+        if r.get("failure"):
+            lines.append(f"| {r['sigma']:g} | {r['seed']} | — | diverged (optim.max_nan_failures)"
+                         f" | — | — | — | {r['wall_s']:.0f} | {r['cpu_s']:.0f} | — | — |")
+            continue
         lines.append(
             f"| {r['sigma']:g} | {r['seed']} | {100 * r['start_mean_rel_error']:.1f} | "
             f"{percent(r['mean_rel_error'])} | {percent(r['median_rel_error'])} | "

@@ -368,12 +368,16 @@ def main(argv: Sequence[str] = ()) -> None:
         *section("### Robustness of the sharp recovery: start seeds and noise "
                  "(`benchmarks/bocf_robustness.py`)", [
                      "Targets (issue 13): noise-free mean ≤ 0.5 % and median ≤ 0.3 % for every "
-                     "seed, within 30 min per fit on 2 CPU cores. Errors of 1e+03 % and more: "
-                     "the fit ran off in its first (1 ms) window, u_so far above every u; with "
-                     "noise the model starts from the noisy first frame (docs/design-decisions.md,"
-                     " \"Why Levenberg–Marquardt recovers the sharp model\"). Twin data, measured "
-                     "with the stepping of that time (Rush–Larsen, dt = 0.05 ms), before the "
-                     "default moved to Heun at dt = 0.5/7 ms (\"Time stepping for BOCF\").", ""],
+                     "seed, within 30 min per fit on 2 CPU cores. Twin data with the default "
+                     "stepping (Heun, dt = 0.5/7 ms); stages 0.5 → 1 → 2.5 → 5 → 10 → 20 → 50 ms "
+                     "with u_so and k_so held in the 0.5 ms stage (`fit.hold`); with noise the "
+                     "model starts from the noisy first frame, and seeds 2–4 run off in the "
+                     "0.5 ms stage (τsi and τso1 to 62–2e45 ×; \"diverged\": the curvature there "
+                     "was no longer finite and the fit stopped) (docs/design-decisions.md, \"Why "
+                     "Levenberg–Marquardt recovers the sharp model\"). Wall and CPU time of the "
+                     "whole `pdefit.cli.fit` (uncertainty and discretization check included). "
+                     "Before the hold, with Rush–Larsen at dt = 0.05 ms and a 1 ms first stage, "
+                     "start seed 1 ran off (u_so 1e14 ×; this page at commit 61c8a20).", ""],
                  robustness_section(), old),
         *section("## Aliev–Panfilov as a surrogate for BOCF (`experiment=ap_from_bocf`)", [
             "The seed paper's case (its Fig. 2c): Aliev–Panfilov's six parameters, D and both "

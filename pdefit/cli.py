@@ -140,6 +140,20 @@ def window_stages(cfg: DictConfig, n_frames: int) -> list[list[int] | None]:
     return [frames[:k] for k in counts]
 
 
+def stage_holds(cfg: DictConfig, n_stages: int) -> list[frozenset[str]]:
+    """The parameters each of ``n_stages`` stages holds at their values (``fit.hold``: name
+    -> how many leading stages hold it). Every held parameter must be fitted in the last
+    stage."""
+    hold = {str(name): int(count) for name, count in dict(cfg.fit.hold or {}).items()}
+    for name, count in hold.items():
+        if count >= n_stages:
+            raise assemble.ConfigError(
+                f"fit.hold.{name}={count}: the fit has {n_stages} stages, so {name} would "
+                f"never be fitted; hold it for at most {n_stages - 1}")
+    return [frozenset(n for n, count in hold.items() if index < count)
+            for index in range(n_stages)]
+
+
 def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, Any]:
     """Run one fit described by ``cfg``; return the summary (also written to summary.json).
 
@@ -167,6 +181,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     dataset = _dataset_for(cfg, out, dtype)
     stop_if_signalled("after the dataset was made")
     stages = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
+    holds = stage_holds(cfg, len(stages))
     lead = jax.process_index() == 0  # one process writes the shared run directory's files
     if lead:
         write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
@@ -184,7 +199,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         stage_out = out if len(stages) == 1 else out / f"stage-{index}"
         stage_out.mkdir(parents=True, exist_ok=True)
         state, history = _fit_stage(stage_cfg, setup, stage_out, theta, stages, index,
-                                    preemption)
+                                    preemption, holds[index])
         theta = history.best_theta
         stage_steps.append(int(state.step))
         losses += history.losses
@@ -343,12 +358,14 @@ def _initial_fields_report(cfg: DictConfig, setup: Any, theta: Any, dataset: Pat
 
 def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
                stages: list[list[int] | None] | None = None, index: int = 0,
-               preemption: PreemptionFlag | None = None):
+               preemption: PreemptionFlag | None = None, hold: frozenset[str] = frozenset()):
     """One run of the optimiser on ``setup`` (from ``theta0`` if given), checkpointed in
-    ``out``; stage ``index`` of ``stages`` (for its progress label)."""
+    ``out``; stage ``index`` of ``stages`` (for its progress label); the parameters in
+    ``hold`` keep their values."""
     problem = setup.problem
-    log.info(f"fit {list(problem.layout.fitted)} + fields {list(problem.fitted_fields)} of "
-             f"{problem.system.name} on {problem.grid.shape}: {problem.n_steps} steps of "
+    held = f" (holding {sorted(hold)})" if hold else ""
+    log.info(f"fit {list(problem.layout.fitted)}{held} + fields {list(problem.fitted_fields)} "
+             f"of {problem.system.name} on {problem.grid.shape}: {problem.n_steps} steps of "
              f"dt={problem.dt}, schedule {problem.schedule}")
     checkpoint = CheckpointOptions(out / CHECKPOINT_DIR, cfg.run.checkpoint_every,
                                    cfg.run.checkpoint_keep)
@@ -364,7 +381,7 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
                    progress=_stage_progress(cfg, problem.n_steps, stages or [None], index),
                    log=log.info, checkpoint=checkpoint, resume=cfg.run.resume,
                    config=plain_config(cfg), status_path=out / "status.json",
-                   curvature=curvature, preemption=preemption)
+                   curvature=curvature, preemption=preemption, hold=hold)
 
 
 def _loss_description(problem) -> str:
@@ -413,9 +430,9 @@ def fit_main(cfg: DictConfig) -> None:
     checkpoints/ (a rerun resumes), fitted.npz, loss.png, fields.png, fit.log, .hydra/.
 
     Main keys: system=<name>, data.path (a Zarr dataset; data.frames, data.experiments),
-    observe.fields, fit.params, fit.initial_fields.<field>=fit, fit.stages, optim=<name>
-    (optim.steps, optim.lr), adjoint=<schedule>, mesh=<layout>, precision, run.name, run.dir,
-    run.resume, run.plots, run.progress, run.log_every.
+    observe.fields, fit.params, fit.initial_fields.<field>=fit, fit.stages, fit.hold,
+    optim=<name> (optim.steps, optim.lr), adjoint=<schedule>, mesh=<layout>, precision,
+    run.name, run.dir, run.resume, run.plots, run.progress, run.log_every.
 
     Examples:
       pdefit-fit                                   # the demo, about a minute on a laptop

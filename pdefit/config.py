@@ -166,6 +166,10 @@ class FitSpecConfig:
     # Growing training windows: frame counts of successive stages (the last stage sees all
     # frames), each starting from the previous one's result. None: one stage.
     stages: list[int] | None = None
+    # Parameters held at their current values during the first N stages of a staged fit
+    # ({name: N}), fitted from stage N + 1 on: e.g. `+fit.hold.u_so=1` keeps u_so at its
+    # start in the first, shortest window, whose data barely see it; N = 0: not held.
+    hold: dict[str, int] = field(default_factory=dict)
     # Standard errors and 95 % intervals of the fitted shared scalars after the fit
     # (pdefit.uncertainty): one forward-tangent sweep over the training window.
     uncertainty: bool = True

@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from .adjoint import LossChain
@@ -98,7 +99,12 @@ def gauss_newton(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
     state (a pytree like it, each leaf with a leading m axis before the experiment axis) as
     tangents after the k parameters: G is then (k + m) × (k + m), its block [:k, k:] the
     data part 2·Jᵀ A J_x d of the loss's Gauss–Newton matrix (J_x d: the residuals' response
-    to direction d of the initial state; the penalty does not see it)."""
+    to direction d of the initial state; the penalty does not see it).
+
+    ``curvature(theta, batch, free=indices)`` (a static sequence of positions in that
+    flattened order) carries tangents for those parameters only, the others held: G is then
+    over ``free`` (in its order) and the gradient is zero at the held ones, whose tangents
+    are never computed."""
     if problem.fitted_fields:
         raise ValueError("levenberg_marquardt fits scalar parameters only; with fitted initial "
                          f"fields {list(problem.fitted_fields)} use optim=adam or optim=lbfgs")
@@ -110,16 +116,17 @@ def gauss_newton(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
     if not problem.layout.fitted:
         raise ValueError("levenberg_marquardt needs at least one fitted parameter")
 
-    def curvature(theta, batch, x0_directions=None):
+    def curvature(theta, batch, x0_directions=None, free=None):
         flat, unravel = ravel_pytree(theta["params"])
-        k = flat.shape[0]
+        columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
+        k = len(columns)
 
         def physical(f):
             return problem.physical_params({**theta, "params": unravel(f)})
 
         params = physical(flat)
         tangents = jax.vmap(lambda e: jax.jvp(physical, (flat,), (e,))[1])(
-            jnp.eye(k, dtype=flat.dtype))
+            jnp.eye(flat.shape[0], dtype=flat.dtype)[columns])
         x0 = problem.initial_state(theta, batch)
         x0_tangents = jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), x0)
         if x0_directions is not None:
@@ -145,9 +152,10 @@ def gauss_newton(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
             return problem.penalty({**theta, "params": unravel(f)})
 
         loss = jnp.sum(values) / n_exp + penalty(flat)
-        grad = jnp.sum(grads, axis=0)[:k] / n_exp + jax.grad(penalty)(flat)
+        grad = jnp.zeros_like(flat).at[columns].set(
+            jnp.sum(grads, axis=0)[:k] / n_exp + jax.grad(penalty)(flat)[columns])
         matrix = jnp.sum(matrices, axis=0) / n_exp
-        matrix = matrix.at[:k, :k].add(jax.hessian(penalty)(flat))
+        matrix = matrix.at[:k, :k].add(jax.hessian(penalty)(flat)[np.ix_(columns, columns)])
         gradient = {**jax.tree.map(jnp.zeros_like, theta), "params": unravel(grad)}
         return loss, gradient, matrix
 

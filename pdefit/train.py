@@ -26,7 +26,7 @@ import hashlib
 import json
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -256,21 +256,42 @@ def _value_and_grad(loss: Callable, state: TrainState, batch: Any,
     return value, grad, 1 - stored.astype(jnp.int32)
 
 
+def _zero_held(tree: Any, hold: Collection[str]) -> Any:
+    """``tree`` (shaped like θ) with its ``["params"]`` entries named in ``hold`` zeroed."""
+    if not hold:
+        return tree
+    return {**tree, "params": {name: jnp.zeros_like(value) if name in hold else value
+                               for name, value in tree["params"].items()}}
+
+
+def _free_positions(params: Mapping[str, Any], hold: Collection[str]) -> np.ndarray:
+    """Positions of the parameters not in ``hold`` in ``ravel_pytree(params)``'s order (a
+    dict's leaves in key order), from shapes only: static under ``jit``."""
+    flags = jax.tree.leaves({name: np.full(np.shape(value), name in hold)
+                             for name, value in params.items()})
+    return np.flatnonzero(~np.concatenate([np.ravel(f) for f in flags]))
+
+
 def make_update(loss: Callable, optimizer: optax.GradientTransformation,
-                describe: Callable[[Any], Mapping[str, Any]] | None = None) -> Callable:
+                describe: Callable[[Any], Mapping[str, Any]] | None = None,
+                hold: Collection[str] = ()) -> Callable:
     """``update(state, batch) -> (candidate state, StepReport)``, jitted. Extra arguments
     (value, gradient, loss function) are offered to optimisers that take them, such as
-    L-BFGS's line search."""
+    L-BFGS's line search. The parameters named in ``hold`` keep their values: their gradient
+    is zeroed before the optimiser sees it (so its moments and curvature pairs never hold
+    them) and their update after (weight decay would move them)."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
         value, grad, evaluated = _value_and_grad(loss, state, batch)
+        grad = _zero_held(grad, hold)
         grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
         updates, opt_state = optimizer.update(
             grad, state.opt_state, state.theta, value=value, grad=grad,
             value_fn=lambda theta: loss(theta, batch))
-        updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype), updates)
+        updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype),
+                               _zero_held(updates, hold))
         theta = optax.apply_updates(state.theta, updates)
         evaluations = evaluated + _line_search_steps(opt_state)
         return (_advanced(state, theta, opt_state, value),
@@ -280,20 +301,27 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation,
 
 
 def make_damped_update(loss: Callable, curvature: Callable,
-                       describe: Callable[[Any], Mapping[str, Any]] | None = None) -> Callable:
+                       describe: Callable[[Any], Mapping[str, Any]] | None = None,
+                       hold: Collection[str] = ()) -> Callable:
     """Levenberg–Marquardt on ``theta["params"]`` with the same contract as
     :func:`make_update`. ``curvature(theta, batch) -> (loss, gradient, G)`` (see
     :mod:`pdefit.gauss_newton`). A step solves (G + λ diag G) δ = −g and is kept when the loss
     falls by at least 1e-4 of what the quadratic model predicts; a rejected step (also one
     whose trial loss is not finite) leaves θ as it is and raises λ, so the step shrinks towards
     a short gradient step. Two evaluations per step: the curvature (with loss and gradient)
-    and the trial loss."""
+    and the trial loss. The parameters named in ``hold`` keep their values: the curvature is
+    asked for the others' columns only (``free``), and the step is solved over those."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
-        value, grad, matrix = curvature(state.theta, batch)
         flat, unravel = ravel_pytree(state.theta["params"])
-        g, _ = ravel_pytree(grad["params"])
+        if hold:
+            free = _free_positions(state.theta["params"], hold)
+            value, grad, matrix = curvature(state.theta, batch, free=free)
+        else:
+            free = np.arange(flat.shape[0])
+            value, grad, matrix = curvature(state.theta, batch)
+        g = ravel_pytree(grad["params"])[0][free]
         damping, factor = state.opt_state.damping, state.opt_state.factor
         diagonal = jnp.diag(matrix)
         # Parameters the data do not see would make the system singular: floor the scaling.
@@ -301,7 +329,8 @@ def make_damped_update(loss: Callable, curvature: Callable,
         system = matrix + damping * jnp.diag(jnp.maximum(diagonal, floor))
         delta = -jnp.linalg.solve(system, g)
         predicted = -(g @ delta + 0.5 * delta @ matrix @ delta)
-        trial_theta = {**state.theta, "params": unravel(flat + delta)}
+        trial_theta = {**state.theta,
+                       "params": unravel(flat + jnp.zeros_like(flat).at[free].set(delta))}
         trial = loss(trial_theta, batch)
         ratio = (value - trial) / predicted
         accept = jnp.isfinite(trial) & (predicted > 0) & (ratio > 1e-4)
@@ -376,7 +405,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             config: Mapping[str, Any] | None = None, status_path: Path | None = None,
             seed: int = 0, preemption: PreemptionFlag | None = None,
             on_step: Callable[[int, Mapping[str, Any]], None] | None = None,
-            curvature: Callable | None = None,
+            curvature: Callable | None = None, hold: Collection[str] = (),
             ) -> tuple[TrainState, FitHistory]:
     """Minimise ``loss(theta, batch)`` from ``theta0``.
 
@@ -387,20 +416,31 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     saved with each checkpoint and must match on resume, except ``run.*``. ``on_step(step,
     record)`` is called after every applied step (tests use it to send signals).
     ``curvature`` (from :func:`pdefit.gauss_newton.gauss_newton`) is needed by
-    ``levenberg_marquardt``.
+    ``levenberg_marquardt``. ``hold`` names entries of ``theta0["params"]`` that every
+    optimiser keeps at their values (a stage of a staged fit that frees them later).
 
     Raises :class:`Preempted` (a ``SystemExit`` with status 75) after a preemption signal, once
     the checkpoint is on disk, and :class:`TrainingDivergedError` after too many non-finite
     steps.
     """
     optimizer = make_optimizer(cfg)
+    hold = frozenset(hold)
+    if hold:
+        names = set(theta0["params"]) if isinstance(theta0, Mapping) else set()
+        if not hold <= names:
+            raise ValueError(f"cannot hold {sorted(hold - names)}: not among the fitted "
+                             f"parameters {sorted(names)}")
+        if hold == names and not jax.tree.leaves(
+                {k: v for k, v in theta0.items() if k != "params"}):
+            raise ValueError(f"holding every fitted parameter {sorted(names)} leaves nothing "
+                             "to fit")
     if cfg.name == LEVENBERG_MARQUARDT:
         if curvature is None:
             raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
                              "curvature (pdefit.gauss_newton)")
-        update = make_damped_update(loss, curvature, describe)
+        update = make_damped_update(loss, curvature, describe, hold)
     else:
-        update = make_update(loss, optimizer, describe)
+        update = make_update(loss, optimizer, describe, hold)
     loss_dtype = jax.eval_shape(loss, theta0, batch).dtype
     state = init_state(theta0, optimizer, loss_dtype, seed)
     history = FitHistory()

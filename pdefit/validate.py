@@ -120,6 +120,7 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     if fit.stages is not None:
         for i, k in enumerate(fit.stages):
             _at_least(f"fit.stages[{i}]", k, 2)
+    _hold(fit)
     validate_discretization_check(fit.discretization_check)
     reg = cfg.regularization
     _non_negative("regularization.params", reg.params)
@@ -134,6 +135,28 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
         log("run.checkpoint_every=1 writes a checkpoint after every optimiser step, which "
             "can make a small fit several times slower; 10-50 is usually enough")
     _simulation(cfg, log)
+
+
+def _hold(fit: Any) -> None:
+    """``fit.hold``: fitted names, each held for 0 (not held) up to the number of listed
+    stages (a hold into the last stage is refused once the stages are known, see
+    :func:`pdefit.cli.stage_holds`)."""
+    for name, count in dict(fit.hold or {}).items():
+        key = f"fit.hold.{name}"
+        count = _at_least(key, count, 0)
+        if count == 0:  # not held (how an override switches off an experiment's hold)
+            continue
+        if name not in list(fit.params):
+            raise ConfigError(f"{key}: {name!r} is not a fitted parameter (fit.params="
+                              f"{list(fit.params)}); only fitted parameters can be held "
+                              f"({key}=0 drops the hold)")
+        if not fit.stages:
+            raise ConfigError(f"{key}: holding a parameter needs a staged fit (fit.stages); "
+                              f"without stages it would never be fitted ({key}=0 drops the "
+                              "hold)")
+        if count > len(fit.stages):
+            raise ConfigError(f"{key}={count}: there are {len(fit.stages)} listed stages "
+                              f"(fit.stages={list(fit.stages)}) and the last one must fit it")
 
 
 def validate_discretization_check(check: Any, key: str = "fit.discretization_check",

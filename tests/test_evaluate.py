@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pdefit.assemble import ConfigError
 from pdefit.evaluate import (
     activation_time_error,
     activation_times,
@@ -26,6 +27,7 @@ from pdefit.evaluate import (
 from pdefit.grid import Grid
 from pdefit.influence import rank_parameters
 from pdefit.systems.bocf import BOCF, parameter_values
+from pdefit.validate import validate_fit
 
 # -- metrics with known answers -----------------------------------------------------------------
 
@@ -389,12 +391,24 @@ def test_evaluate_compares_forecasts_of_one_truth(tmp_path):
         evaluate_run(exact, [f"evaluate.compare=[{tmp_path / 'nothing'}]"], log=lambda _: None)
 
 
+def stage_values(run: Path, stage: int, name: str) -> list[float]:
+    """The physical value of ``name`` at every step of ``stage`` (its metrics.jsonl)."""
+    return [json.loads(line)["params"][name] for line in
+            (run / f"stage-{stage}" / "metrics.jsonl").read_text().splitlines()]
+
+
 def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
+    """Stages, fit.hold (k held in the first stage, fitted from the second) and resume."""
     from pdefit.cli import fit
 
     overrides = [*SMALL, "precision=float64", "fit.stages=[2,3]", "optim.steps=40",
-                 "fit.params=[k,a]", "run.checkpoint_every=5"]
+                 "fit.params=[k,a]", "run.checkpoint_every=5", "+fit.hold.k=1"]
     summary = fit(config(tmp_path, *overrides))
+    held = stage_values(tmp_path, 0, "k")
+    assert len(held) > 1 and len(set(held)) == 1  # bit for bit through the stage
+    assert held[0] == pytest.approx(summary["parameters"][0]["start"], rel=1e-14)
+    assert stage_values(tmp_path, 1, "k")[-1] != held[0]  # released
+    assert len(set(stage_values(tmp_path, 0, "a"))) > 1
     assert summary["stages"] == [2, 3, 4]
     assert summary["n_steps"] == 30  # the last stage sees all 4 frames
     per_stage = summary["optimizer_steps_per_stage"]
@@ -409,6 +423,15 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
     assert again["parameters"] == summary["parameters"]
     with pytest.raises(Exception, match=r"fit\.stages"):
         fit(config(tmp_path / "bad", *SMALL, "fit.stages=[3,2]"))
+    for hold, key in [("mu1=1", r"fit\.hold\.mu1: 'mu1' is not a fitted parameter"),
+                      ("k=-1", r"fit\.hold\.k must be an integer >= 0"),
+                      ("k=3", r"fit\.hold\.k=3: there are 2 listed stages")]:
+        with pytest.raises(ConfigError, match=key):
+            fit(config(tmp_path / "bad", *overrides[:-1], f"+fit.hold.{hold}"))
+    validate_fit(config(tmp_path / "ok", *overrides, "+fit.hold.mu1=0"))  # 0: no hold
+    # Stages [2, 4] on 4 frames: the second listed stage is the last, which must fit k.
+    with pytest.raises(ConfigError, match=r"fit\.hold\.k=2: the fit has 2 stages"):
+        fit(config(tmp_path / "bad", *overrides[:-1], "fit.stages=[2,4]", "+fit.hold.k=2"))
 
 
 def test_patience_detects_a_stalled_loss():

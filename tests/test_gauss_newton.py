@@ -56,3 +56,32 @@ def test_levenberg_marquardt_refuses_fields():
     problem, *_ = ap_problem(fit_fields=("v",))
     with pytest.raises(ValueError, match="scalar parameters only"):
         gauss_newton(problem)
+
+
+@pytest.mark.parametrize("name", ["adam", "lbfgs", "levenberg_marquardt"])
+def test_held_parameters_keep_their_start_in_every_optimiser(name):
+    """``hold``: the held parameters stay bit for bit at their start while the others move;
+    Levenberg–Marquardt's curvature then has the free columns only, and they are the free
+    block of the full one."""
+    problem, batch, _, theta_start = ap_problem(shape=(8, 8), n_steps=10)
+    hold = {"a", "mu1"}
+    curvature = gauss_newton(problem)
+    _, history = run_fit(problem.loss, theta_start, batch,
+                         OptimConfig(name=name, steps=2, clip=None, lr=0.01),
+                         progress=False, log=lambda _: None, curvature=curvature, hold=hold)
+    for key, start in theta_start["params"].items():
+        moved = float(history.best_theta["params"][key]) != float(start)
+        assert moved == (key not in hold), key
+    if name == "levenberg_marquardt":
+        free = [i for i, key in enumerate(sorted(theta_start["params"])) if key not in hold]
+        _, full_grad, full = jax.jit(curvature)(theta_start, batch)
+        _, grad, matrix = jax.jit(lambda t, b: curvature(t, b, free=free))(theta_start, batch)
+        assert matrix.shape == (len(free), len(free))
+        np.testing.assert_allclose(np.asarray(matrix), np.asarray(full)[np.ix_(free, free)],
+                                   rtol=1e-12)
+        for key in theta_start["params"]:
+            expected = 0.0 if key in hold else float(full_grad["params"][key])
+            assert float(grad["params"][key]) == pytest.approx(expected, rel=1e-12), key
+    with pytest.raises(ValueError, match=r"cannot hold \['D'\]"):
+        run_fit(problem.loss, theta_start, batch, OptimConfig(name=name, steps=1),
+                progress=False, log=lambda _: None, curvature=curvature, hold={"D"})
