@@ -309,7 +309,8 @@ def make_damped_update(loss: Callable, curvature: Callable,
     falls by at least 1e-4 of what the quadratic model predicts; a rejected step (also one
     whose trial loss is not finite) leaves θ as it is and raises λ, so the step shrinks towards
     a short gradient step. Two evaluations per step: the curvature (with loss and gradient)
-    and the trial loss. The parameters named in ``hold`` keep their values: the curvature is
+    and the trial loss. The step is scaled by ``lr_scale`` (below 1 after a non-finite
+    point). The parameters named in ``hold`` keep their values: the curvature is
     asked for the others' columns only (``free``), and the step is solved over those."""
 
     @jax.jit
@@ -327,7 +328,9 @@ def make_damped_update(loss: Callable, curvature: Callable,
         # Parameters the data do not see would make the system singular: floor the scaling.
         floor = 1e-12 * jnp.maximum(jnp.max(diagonal), jnp.finfo(flat.dtype).tiny)
         system = matrix + damping * jnp.diag(jnp.maximum(diagonal, floor))
-        delta = -jnp.linalg.solve(system, g)
+        # Scaled by lr_scale like every optimiser's update: after a non-finite point the
+        # loop retries from its last good state with a shorter step, not the same one.
+        delta = -state.lr_scale.astype(flat.dtype) * jnp.linalg.solve(system, g)
         predicted = -(g @ delta + 0.5 * delta @ matrix @ delta)
         trial_theta = {**state.theta,
                        "params": unravel(flat + jnp.zeros_like(flat).at[free].set(delta))}

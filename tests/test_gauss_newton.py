@@ -52,6 +52,25 @@ def test_levenberg_marquardt_recovers_parameters_in_few_steps():
     assert len(history.records) <= 30
 
 
+def test_levenberg_marquardt_step_follows_the_learning_rate_scale():
+    """After a non-finite point the loop retries from its last good state with lr_scale
+    reduced: Levenberg–Marquardt's step must shrink with it (else the retry repeats the
+    failed step)."""
+    from pdefit.train import _damping_state, init_state, make_damped_update
+
+    problem, batch, _, theta_start = ap_problem(shape=(8, 8), n_steps=10)
+    update = make_damped_update(problem.loss, gauss_newton(problem))
+    steps = {}
+    for scale in (1.0, 0.25):
+        start = init_state(theta_start, _damping_state(), jax.numpy.float64)
+        moved, _ = update(start._replace(lr_scale=jax.numpy.asarray(scale)), batch)
+        steps[scale] = (ravel_pytree(moved.theta["params"])[0]
+                        - ravel_pytree(theta_start["params"])[0])
+    assert float(np.abs(steps[1.0]).max()) > 0
+    np.testing.assert_allclose(np.asarray(steps[0.25]), 0.25 * np.asarray(steps[1.0]),
+                               rtol=1e-9)
+
+
 def test_levenberg_marquardt_refuses_fields():
     problem, *_ = ap_problem(fit_fields=("v",))
     with pytest.raises(ValueError, match="scalar parameters only"):
