@@ -214,7 +214,13 @@ def fit_section(dirs: Mapping[str, Path], run: str, unit: str) -> list[str] | No
         lines += [f"**Mean absolute relative deviation {pct(summary['mean_rel_error'])}, median "
                   f"{pct(summary['median_rel_error'])}, max {pct(summary['max_rel_error'])}.**",
                   ""]
-    lines += [*parameter_rows(summary["parameters"]), "", *forecast_lines(ev, unit), ""]
+    lines += [*parameter_rows(summary["parameters"]), ""]
+    if (summary.get("discretization_check") or {}).get("verdict") == "twin":
+        lines += ["*Twin data*: the dataset was made with the fit's own integrator, dt and grid, "
+                  "so the recovery above cannot show the model's discretization error; fits of "
+                  "data from finer steps are under \"Independent data\" and \"Time stepping "
+                  "for BOCF\" below.", ""]
+    lines += [*forecast_lines(ev, unit), ""]
     if ev is not None and ev.get("comparison"):
         lines.append(figure(dirs, run, "forecast_compare.png", "forecasts compared"))
     for name, title in (("forecast_mae.png", "forecast error"),
