@@ -104,8 +104,8 @@ def build_problem(system: System | str,
     ``integrator`` default to those the dataset was made for: its simulation step (times
     ``simulate.refine.dt_factor`` for data made at a finer step, so that refined data are
     fitted at the coarse step they were made to test) and its integrator (``euler`` when it
-    does not say). ``frames``/``experiments`` select indices of
-    the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values.
+    does not say, or when another system made the data). ``frames``/``experiments`` select
+    indices of the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values.
     ``dataset`` may also be frames in memory: field name → array ``(n_frames, ny, nx)`` or
     ``(n_experiments, n_frames, ny, nx)`` (NaN: unobserved), with ``grid``, ``dt`` and
     ``frame_interval`` (a multiple of ``dt``; default ``dt``) saying where and when they lie,
@@ -136,7 +136,10 @@ def build_problem(system: System | str,
         dtype = assemble.set_precision(precision)
         if observe is None:
             observe = [f for f in meta.fields if f in system.fields] or list(meta.fields)
-        made = (meta.provenance or {}).get("discretization") or {}
+        # How the dataset was made says how to fit it only when this system made it (a
+        # surrogate fit of another system's data steps its own way).
+        made = ((meta.provenance or {}).get("discretization") or {}
+                if meta.system == system.name else {})
         if dt is None:
             dt = meta.dt * int(made.get("dt_factor", 1))
         if integrator is None:
@@ -260,7 +263,8 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     identity = {"optim": dataclasses.asdict(cfg), "fitted": list(problem.layout.fitted),
                 "fields": list(problem.fitted_fields),
                 "start": {k: float(v) for k, v in setup.start_values.items()},
-                "n_steps": problem.n_steps, "dt": float(problem.dt)}
+                "n_steps": problem.n_steps, "dt": float(problem.dt),
+                "integrator": problem.integrator}
     state, history = run_fit(
         problem.loss, setup.theta0, setup.batch, cfg, describe=problem.scalar_values,
         progress=progress, log=log.info, curvature=curvature, config=identity,

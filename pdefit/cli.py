@@ -50,7 +50,7 @@ from .system import field_attrs, image_origin, stepper, time_unit
 from .train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
 from .uncertainty import CurvatureParts, curvature_parts, known_sigma, unavailable_reason
 from .uncertainty import estimate as estimate_uncertainty
-from .validate import validate_discretization_check, validate_fit
+from .validate import check_hold_counts, validate_discretization_check, validate_fit
 
 log = logging.getLogger("pdefit")
 register_configs()
@@ -145,11 +145,7 @@ def stage_holds(cfg: DictConfig, n_stages: int) -> list[frozenset[str]]:
     -> how many leading stages hold it). Every held parameter must be fitted in the last
     stage."""
     hold = {str(name): int(count) for name, count in dict(cfg.fit.hold or {}).items()}
-    for name, count in hold.items():
-        if count >= n_stages:
-            raise assemble.ConfigError(
-                f"fit.hold.{name}={count}: the fit has {n_stages} stages, so {name} would "
-                f"never be fitted; hold it for at most {n_stages - 1}")
+    check_hold_counts(hold, n_stages)
     return [frozenset(n for n, count in hold.items() if index < count)
             for index in range(n_stages)]
 

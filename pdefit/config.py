@@ -167,7 +167,7 @@ class FitSpecConfig:
     # frames), each starting from the previous one's result. None: one stage.
     stages: list[int] | None = None
     # Parameters held at their current values during the first N stages of a staged fit
-    # ({name: N}), fitted from stage N + 1 on: e.g. `+fit.hold.u_so=1` keeps u_so at its
+    # ({name: N}), fitted from stage N + 1 on: e.g. `+fit.hold.NAME=1` keeps NAME at its
     # start in the first, shortest window, whose data barely see it; N = 0: not held.
     hold: dict[str, int] = field(default_factory=dict)
     # Standard errors and 95 % intervals of the fitted shared scalars after the fit

@@ -37,15 +37,14 @@ the intervals (:mod:`pdefit.uncertainty`) computed when the fit has them. It the
 the time step (a warning above ``parameter_tolerance``, relative), whatever the noise. The
 shift is reported as measured, not extrapolated: for a scheme of order p the bias at dt would
 be k^p/(k^p − 1) times the shift to dt/k asymptotically, but the order that holds is the
-model's as much as the scheme's (BOCF's sharp thresholds make every scheme first order as
-dt → 0), and on such a staircase misfit the Gauss–Newton step is only an order of magnitude:
-on BOCF reference data (64², 128²) its largest shift was within 6× of the largest error of
-the fit (0.3–1.8× the mean), parameter by parameter off by more and some of the wrong sign
-(docs/results.md, "Time stepping for BOCF"); on the smooth Aliev–Panfilov model it gave each
-parameter's error to 0.15 percentage points. Settings the check cannot serve (``parameters``
-without a Gauss–Newton curvature: fitted fields, array or per-experiment parameters, a device
-mesh; ``grid_factor`` > 1 on a grid that cannot be refined) are refused before the fit
-(:func:`unsupported`, :func:`pdefit.validate.validate_discretization_check`).
+model's as much as the scheme's (a right-hand side with sharp thresholds makes every scheme
+first order as dt → 0), and on a staircase-shaped misfit the Gauss–Newton step is only an
+order of magnitude of the bias; on a smooth model it tracks each parameter's error closely
+(measured: docs/design-decisions.md, "Discretization error"). Settings the check cannot
+serve (``parameters`` without a Gauss–Newton curvature: fitted fields, array or
+per-experiment parameters, a device mesh; ``grid_factor`` > 1 on a grid that cannot be
+refined) are refused before the fit (:func:`unsupported`,
+:func:`pdefit.validate.validate_discretization_check`).
 
 Where the residual is partly discretization error (``model_error_in_residual``: the residual
 test above, not in a twin), the intervals of :mod:`pdefit.uncertainty`, which take the

@@ -132,7 +132,7 @@ def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
 def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
                        ignore: tuple[str, ...] = DRIVING_KEYS) -> list[str]:
     """``key: saved → current`` for every value that differs, except under ``ignore``."""
-    a, b = flatten(saved), flatten(current)
+    a, b = _without_neutral(flatten(saved)), _without_neutral(flatten(current))
     defaults = _schema_defaults()
     return [f"{key}: {a.get(key, '<unset>')!r} → {b.get(key, '<unset>')!r}"
             for key in sorted(set(a) | set(b))
@@ -140,6 +140,13 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
             # A config saved before a key existed meant the key's default by leaving it out:
             # a new option must not refuse every older run's resume.
             and not (key not in a and key in defaults and b.get(key) == defaults[key])]
+
+
+def _without_neutral(flat: dict[str, Any]) -> dict[str, Any]:
+    """``flat`` without entries that change nothing: a hold of 0 stages (``fit.hold.X=0``,
+    how an override drops an experiment's hold) and an empty ``fit.hold``."""
+    return {k: v for k, v in flat.items()
+            if not ((k.startswith("fit.hold.") and v == 0) or (k == "fit.hold" and v == {}))}
 
 
 def _schema_defaults() -> dict[str, Any]:

@@ -310,8 +310,9 @@ def make_damped_update(loss: Callable, curvature: Callable,
     whose trial loss is not finite) leaves θ as it is and raises λ, so the step shrinks towards
     a short gradient step. Two evaluations per step: the curvature (with loss and gradient)
     and the trial loss. The step is scaled by ``lr_scale`` (below 1 after a non-finite
-    point). The parameters named in ``hold`` keep their values: the curvature is
-    asked for the others' columns only (``free``), and the step is solved over those."""
+    point; each accepted step doubles it back towards 1). The parameters named in ``hold``
+    keep their values: the curvature is asked for the others' columns only (``free``), and
+    the step is solved over those."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
@@ -344,7 +345,12 @@ def make_damped_update(loss: Callable, curvature: Callable,
         theta = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, state.theta)
         grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm) & jnp.all(jnp.isfinite(matrix))
-        return (_advanced(state, theta, opt_state, value),
+        # An accepted step doubles a reduced lr_scale back towards 1: a retry shortens the
+        # steps near the bad point only, not for the rest of the stage (Gauss–Newton steps
+        # converge quadratically only unscaled).
+        lr_scale = jnp.where(accept, jnp.minimum(1.0, 2.0 * state.lr_scale), state.lr_scale)
+        return (_advanced(state, theta, opt_state, value)._replace(
+                    lr_scale=lr_scale.astype(state.lr_scale.dtype)),
                 _report(state, value, grad_norm, finite, 2, describe))
 
     return update

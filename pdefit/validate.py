@@ -120,7 +120,7 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     if fit.stages is not None:
         for i, k in enumerate(fit.stages):
             _at_least(f"fit.stages[{i}]", k, 2)
-    _hold(fit)
+    _hold(cfg)
     validate_discretization_check(fit.discretization_check)
     reg = cfg.regularization
     _non_negative("regularization.params", reg.params)
@@ -137,10 +137,12 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     _simulation(cfg, log)
 
 
-def _hold(fit: Any) -> None:
+def _hold(cfg: Any) -> None:
     """``fit.hold``: fitted names, each held for 0 (not held) up to the number of listed
-    stages (a hold into the last stage is refused once the stages are known, see
-    :func:`pdefit.cli.stage_holds`)."""
+    stages, not every fitted parameter at once, and none into the last stage (checked here
+    when the frame count is known without the dataset, else by :func:`pdefit.cli.stage_holds`
+    once it is open)."""
+    fit = cfg.fit
     for name, count in dict(fit.hold or {}).items():
         key = f"fit.hold.{name}"
         count = _at_least(key, count, 0)
@@ -157,6 +159,26 @@ def _hold(fit: Any) -> None:
         if count > len(fit.stages):
             raise ConfigError(f"{key}={count}: there are {len(fit.stages)} listed stages "
                               f"(fit.stages={list(fit.stages)}) and the last one must fit it")
+    held_first = {str(n) for n, count in dict(fit.hold or {}).items() if int(count) >= 1}
+    fits_fields = any(str(v) == "fit" for v in dict(fit.initial_fields or {}).values())
+    if fit.params and held_first >= {str(n) for n in fit.params} and not fits_fields:
+        raise ConfigError(f"fit.hold holds every fitted parameter ({sorted(held_first)}) in "
+                          "the first stage, which would then fit nothing; hold fewer")
+    if fit.hold and fit.stages and (cfg.data.path is None or cfg.data.frames is not None):
+        # The frame count is known before any dataset is opened: check the stage count now.
+        n_frames = (len(cfg.data.frames) if cfg.data.frames is not None
+                    else int(cfg.simulate.n_frames))
+        n_stages = len(fit.stages) + (int(fit.stages[-1]) != n_frames)
+        check_hold_counts(fit.hold, n_stages)
+
+
+def check_hold_counts(hold: Any, n_stages: int) -> None:
+    """Every held parameter (``fit.hold``) must be fitted in the last of ``n_stages``."""
+    for name, count in dict(hold or {}).items():
+        if int(count) >= n_stages:
+            raise ConfigError(
+                f"fit.hold.{name}={count}: the fit has {n_stages} stage(s) on these data, so "
+                f"{name} would never be fitted; hold it for at most {n_stages - 1}")
 
 
 def validate_discretization_check(check: Any, key: str = "fit.discretization_check",

@@ -421,6 +421,9 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
     # Run again: every stage is complete, so nothing is recomputed and the result is the same.
     again = fit(config(tmp_path, *overrides))
     assert again["parameters"] == summary["parameters"]
+    # A hold of 0 stages changes nothing, so it does not refuse the resume either.
+    assert fit(config(tmp_path, *overrides, "+fit.hold.a=0"))["parameters"] == \
+        summary["parameters"]
     with pytest.raises(Exception, match=r"fit\.stages"):
         fit(config(tmp_path / "bad", *SMALL, "fit.stages=[3,2]"))
     for hold, key in [("mu1=1", r"fit\.hold\.mu1: 'mu1' is not a fitted parameter"),
@@ -429,9 +432,14 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
         with pytest.raises(ConfigError, match=key):
             fit(config(tmp_path / "bad", *overrides[:-1], f"+fit.hold.{hold}"))
     validate_fit(config(tmp_path / "ok", *overrides, "+fit.hold.mu1=0"))  # 0: no hold
-    # Stages [2, 4] on 4 frames: the second listed stage is the last, which must fit k.
-    with pytest.raises(ConfigError, match=r"fit\.hold\.k=2: the fit has 2 stages"):
-        fit(config(tmp_path / "bad", *overrides[:-1], "fit.stages=[2,4]", "+fit.hold.k=2"))
+    # Stages [2, 4] on 4 frames: the second listed stage is the last, which must fit k;
+    # refused before the dataset is simulated, as is holding every fitted parameter.
+    for extra, key in [(["fit.stages=[2,4]", "+fit.hold.k=2"],
+                        r"fit\.hold\.k=2: the fit has 2 stage\(s\) on these data"),
+                       (["+fit.hold.k=1", "+fit.hold.a=1"], r"fit\.hold holds every fitted")]:
+        with pytest.raises(ConfigError, match=key):
+            fit(config(tmp_path / "early", *overrides[:-1], *extra))
+        assert not (tmp_path / "early").exists()
 
 
 def test_patience_detects_a_stalled_loss():

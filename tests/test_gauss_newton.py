@@ -55,7 +55,7 @@ def test_levenberg_marquardt_recovers_parameters_in_few_steps():
 def test_levenberg_marquardt_step_follows_the_learning_rate_scale():
     """After a non-finite point the loop retries from its last good state with lr_scale
     reduced: Levenberg–Marquardt's step must shrink with it (else the retry repeats the
-    failed step)."""
+    failed step), and recover after an accepted one."""
     from pdefit.train import _damping_state, init_state, make_damped_update
 
     problem, batch, _, theta_start = ap_problem(shape=(8, 8), n_steps=10)
@@ -66,6 +66,8 @@ def test_levenberg_marquardt_step_follows_the_learning_rate_scale():
         moved, _ = update(start._replace(lr_scale=jax.numpy.asarray(scale)), batch)
         steps[scale] = (ravel_pytree(moved.theta["params"])[0]
                         - ravel_pytree(theta_start["params"])[0])
+        # The accepted step doubles a reduced scale back towards 1.
+        assert float(moved.lr_scale) == min(1.0, 2 * scale)
     assert float(np.abs(steps[1.0]).max()) > 0
     np.testing.assert_allclose(np.asarray(steps[0.25]), 0.25 * np.asarray(steps[1.0]),
                                rtol=1e-9)
