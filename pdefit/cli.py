@@ -182,6 +182,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     if lead:
         write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
     theta, losses, wall, first, stage_steps = None, [], 0.0, None, []
+    restarts, nan_failures = 0, 0
     for index, frames in enumerate(stages):
         stage_cfg = cfg
         if frames is not None:
@@ -198,6 +199,10 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
                                     preemption, holds[index])
         theta = history.best_theta
         stage_steps.append(int(state.step))
+        # Every stage with a checkpoint restores it when the run starts again, so the run's
+        # restarts are the most of any stage; its non-finite steps are all stages'.
+        restarts = max(restarts, history.restarts)
+        nan_failures += history.nan_failures
         losses += history.losses
         wall += history.wall_time
         if len(stages) > 1:
@@ -223,8 +228,7 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
         "stop_reason": history.stop_reason,
         "final_loss": history.losses[-1],
         "best_loss": history.best_loss, "initial_loss": losses[0],
-        "wall_time_s": wall, "nan_failures": history.nan_failures,
-        "restarts": history.restarts,
+        "wall_time_s": wall, "nan_failures": nan_failures, "restarts": restarts,
         "parameters": rows, **error_summary(rows), "uncertainty": uncertainty,
     }
     summary["discretization_check"] = _discretization_check(cfg, setup, theta, curvature)

@@ -244,6 +244,30 @@ def test_cli_resumes_reuses_data_and_refuses_another_config(tmp_path, caplog):
     assert fresh["restarts"] == 0 and fresh["final_loss"] != summary["final_loss"]
 
 
+def test_staged_fit_with_a_hold_resumes_inside_a_stage_bit_for_bit(tmp_path):
+    """A staged fit holding k in its first stage, preempted inside that stage, resumes to the
+    uninterrupted run's result bit for bit, k unchanged through the stage on either path."""
+    overrides = ["precision=float64", "optim=adam", "optim.lr=0.05", "optim.steps=8",
+                 "fit.params=[k,a]", "fit.stages=[2,3]", "+fit.hold.k=1",
+                 "run.checkpoint_every=2"]
+    reference = cli.fit(make_config(tmp_path / "whole", *overrides))
+    run_dir = tmp_path / "interrupted"
+    cfg = make_config(run_dir, *overrides)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "run_fit",
+                      functools.partial(cli.run_fit, on_step=signal_at({5: signal.SIGTERM})))
+        with pytest.raises(Preempted):
+            cli.fit(cfg)
+    assert not (run_dir / "stage-1").exists()  # stopped inside the first stage
+    resumed = cli.fit(cfg)
+    assert resumed["restarts"] == 1
+    assert resumed["parameters"] == reference["parameters"]
+    for run in (tmp_path / "whole", run_dir):
+        held = [json.loads(line)["params"]["k"]
+                for line in (run / "stage-0" / "metrics.jsonl").read_text().splitlines()]
+        assert len(held) == 8 and len(set(held)) == 1
+
+
 def test_a_key_added_after_a_run_was_saved_counts_as_its_default():
     """A run saved before an option existed resumes when the option keeps its default, and is
     refused when the option is set to something else."""
