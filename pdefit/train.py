@@ -237,7 +237,8 @@ def _value_and_grad(loss: Callable, state: TrainState, batch: Any,
     """(loss, gradient) at ``state.theta`` and whether they were evaluated (1) or taken from
     the line search (0). A zoom line search leaves the loss and gradient of the point it
     accepted in its state, and that point is ``state.theta`` when the update was applied
-    unscaled — ``lr_scale`` is 1 until the first non-finite step and never returns to 1 — so
+    unscaled — under this update ``lr_scale`` is 1 until the first non-finite step and never
+    returns to 1 (only Levenberg–Marquardt's update, which has no line search, restores it) — so
     L-BFGS evaluates once per line-search iteration rather than once more per step.
     (``optax.value_and_grad_from_state`` reuses the stored pair too, but only tests it for
     ∞: it would reuse it after a step scaled down by ``lr_scale``, and it does not say
