@@ -6,13 +6,14 @@ One Aliev–Panfilov fit problem per (grid size n, number of steps N): an n×n g
 no-flux boundaries, forward Euler with dt = 0.05, float32, the spiral initial state of
 ``AlievPanfilov().initial_state(grid, AP96, seed=0)``; u and v observed every 20 steps (the
 initial state included) against reference frames made by one forward run with the AP96
-parameters; an MSE misfit as in :mod:`pdefit.observe`; the loss is evaluated and differentiated
+parameters; an MSE misfit as in :mod:`pdefit.fitting.observe`; the loss is evaluated and
+differentiated
 with respect to the 7 scalar parameters (and, with ``--grad-x0``, the initial field) at a point
 perturbed by a few percent from AP96, so the gradient is not zero.
 
 For each pdefit schedule (``StoreAll``, ``Nested(levels)``, ``Revolve(snapshots)``) the loss chain
-is built exactly as :class:`pdefit.problem.FitProblem` builds it: ``step`` is
-``pdefit.system.stepper(system, grid, "euler")`` at t = n·dt, and ``cost`` is
+is built exactly as :class:`pdefit.fitting.problem.FitProblem` builds it: ``step`` is
+``pdefit.model.system.stepper(system, grid, "euler")`` at t = n·dt, and ``cost`` is
 ``Observation.cost``, which looks the step up in a step → slot table and adds the misfit under
 ``lax.cond`` inside the time loop, so pdefit never stores a trajectory.
 
@@ -87,13 +88,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.adjoint import LossChain, Nested, Revolve, StoreAll, revolve_recomputations
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.observe import Observation, ObservedData, observed_data
-from pdefit.params import ParameterLayout
-from pdefit.problem import FitProblem
-from pdefit.system import stepper
+from pdefit.adjoint.revolve import LossChain, Nested, Revolve, StoreAll, revolve_recomputations
+from pdefit.fitting.observe import Observation, ObservedData, observed_data
+from pdefit.fitting.problem import FitProblem
+from pdefit.model.params import ParameterLayout
+from pdefit.model.system import stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 SCHEDULES = ("store_all", "nested", "revolve")
@@ -171,7 +172,8 @@ def make_setup(size: int, n_steps: int, dt: float, every: int) -> Setup:
 
 
 def pdefit_chain(setup: Setup) -> LossChain:
-    """The loss chain exactly as a fit builds it (:meth:`pdefit.problem.FitProblem.chain`)."""
+    """The loss chain exactly as a fit builds it
+    (:meth:`pdefit.fitting.problem.FitProblem.chain`)."""
     layout = ParameterLayout.build(setup.system.params, AP96, [])
     problem = FitProblem(system=setup.system, grid=setup.grid, dt=setup.dt, integrator="euler",
                          n_steps=setup.n_steps, layout=layout, observation=setup.observation,

@@ -7,14 +7,14 @@ D = 0.1, the S1–S2 spiral, 100 frames of all four fields over 50 ms, 10 parame
 staged Levenberg–Marquardt — from the starts truth × U(0.5, 1.5) of ``fit.perturb.seed`` =
 each of ``--seeds``, on data without noise and with additive Gaussian noise of each
 ``--sigmas`` on all four fields. The data are simulated once per noise level and shared by the
-seeds (``data.path``); each fit runs in this process through ``pdefit.cli.fit``, the same code
+seeds (``data.path``); each fit runs in this process through ``pdefit.app.cli.fit``, the same code
 as ``pdefit-fit``.
 
 Per fit: mean, median and max relative error of the 10 parameters, the optimiser iterations
 (all stages), wall and process CPU time of the fit (the dataset's simulation excluded). With
 noise also the errors against the noise level: the mean of |error| / standard error over the
 parameters (the standard errors from the Gauss–Newton matrix at the optimum,
-``pdefit.uncertainty``; a value near 0.8 is what unbiased Gaussian estimates give) and the
+``pdefit.fitting.uncertainty``; a value near 0.8 is what unbiased Gaussian estimates give) and the
 largest standard error relative to its parameter.
 
 How to run
@@ -40,8 +40,9 @@ from typing import Any
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from pdefit import assemble, cli
-from pdefit.train import TrainingDivergedError
+from pdefit.app import cli
+from pdefit.fitting import assemble
+from pdefit.fitting.train import TrainingDivergedError
 
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 

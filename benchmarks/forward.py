@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.system import stepper
+from pdefit.model.system import stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
 from pdefit.systems.bocf import BOCF, parameter_values
 
 SYSTEM = BOCF(parameter_set="TNNP", laplacian="9pt", initial="rest")

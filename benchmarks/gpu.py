@@ -12,7 +12,8 @@ What it measures
   Revolve`): forward and gradient time, gradient / forward, and for revolve ``/model``, the
   gradient time over the work its plan cannot avoid (advances × one step + N × one step's
   VJP); ``/nested`` compares the two checkpointing schedules at equal N.
-- ``fit step``: the default fit (Aliev–Panfilov, revolve) run by :func:`pdefit.train.run_fit`
+- ``fit step``: the default fit (Aliev–Panfilov, revolve) run by
+:func:`pdefit.fitting.train.run_fit`
   with L-BFGS and with Adam: seconds per optimiser step (the loop's own timestamps, compile
   excluded), loss evaluations per step (from ``metrics.jsonl``'s ``evaluations``, line search
   included), the time of one jitted value-and-gradient, and ``step / evaluations``: the step
@@ -147,8 +148,8 @@ def adjoint_rows(sizes: Sequence[int], steps: Sequence[int], snapshots: int,
 
 
 def fit_rows(overrides: Sequence[str], n_steps: int, repeats: int) -> list[Row]:
-    from pdefit.config import OptimConfig
-    from pdefit.train import run_fit
+    from pdefit.fitting.train import run_fit
+    from pdefit.options import OptimConfig
 
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -32,10 +32,10 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pdefit.adjoint import LossChain, Revolve  # noqa: E402
-from pdefit.domain import AXES, Domain  # noqa: E402
-from pdefit.grid import Grid  # noqa: E402
-from pdefit.system import stepper  # noqa: E402
+from pdefit.adjoint.revolve import LossChain, Revolve  # noqa: E402
+from pdefit.model.system import stepper  # noqa: E402
+from pdefit.numerics.grid import Grid  # noqa: E402
+from pdefit.parallel.domain import AXES, Domain  # noqa: E402
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov  # noqa: E402
 
 DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pred": 1}

@@ -43,9 +43,9 @@ import jax.numpy as jnp
 import numpy as np
 from hydra import compose, initialize_config_dir
 
-from pdefit import assemble
-from pdefit.config import register_configs
-from pdefit.spherical import SphericalTransform, real_table_einsum
+from pdefit.app.config import register_configs
+from pdefit.fitting import assemble
+from pdefit.numerics.spherical import SphericalTransform, real_table_einsum
 
 CONF = str(Path(__file__).resolve().parent.parent / "conf")
 register_configs()

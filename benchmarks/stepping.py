@@ -16,7 +16,7 @@ frame every 0.5 ms (21 frames) of all four fields, the published sharp threshold
   relative to the data's own variation (the same sum of the mean squared change of each field
   from frame 0), and the RMS error of u alone. The yardstick: the reference model's misfit
   with the 10 fitted parameters all ``--param-error`` (0.3 %) off.
-- **Gradient cost**: the jitted ``value_and_grad`` of :meth:`pdefit.problem.FitProblem.loss`
+- **Gradient cost**: the jitted ``value_and_grad`` of :meth:`pdefit.fitting.problem.FitProblem.loss`
   with respect to the 10 parameters of ``experiment=bocf_recovery`` (revolve, 32 snapshots, as
   the experiment runs), at the truth × 1.05, for every scheme in one process: each is compiled
   and run once, then timed in ``--repeats`` interleaved rounds (so that load from other
@@ -54,13 +54,13 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pdefit.adjoint import Revolve  # noqa: E402
-from pdefit.grid import Grid  # noqa: E402
-from pdefit.integrate import simulate  # noqa: E402
-from pdefit.observe import Observation, observed_data  # noqa: E402
-from pdefit.params import ParameterLayout  # noqa: E402
-from pdefit.problem import Batch, FitProblem  # noqa: E402
-from pdefit.system import check_time_step, stepper  # noqa: E402
+from pdefit.adjoint.revolve import Revolve  # noqa: E402
+from pdefit.fitting.observe import Observation, observed_data  # noqa: E402
+from pdefit.fitting.problem import Batch, FitProblem  # noqa: E402
+from pdefit.model.params import ParameterLayout  # noqa: E402
+from pdefit.model.system import check_time_step, stepper  # noqa: E402
+from pdefit.numerics.grid import Grid  # noqa: E402
+from pdefit.numerics.integrate import simulate  # noqa: E402
 from pdefit.systems.bocf import BOCF, parameter_values  # noqa: E402
 
 FITTED = ("u_s", "u_so", "k_so", "tau_so1", "tau_si", "k_s", "u_u", "theta_v", "D", "tau_fi")

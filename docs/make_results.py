@@ -237,7 +237,7 @@ def partial_run(run: Path) -> list[str] | None:
     stages = sorted(run.glob("stage-*/metrics.jsonl"), key=lambda p: int(p.parent.name[6:]))
     if not stages or not (run / "data.zarr").exists():
         return None
-    from pdefit.data import open_dataset
+    from pdefit.data.dataset import open_dataset
 
     truth = open_dataset(run / "data.zarr").meta.true_params
     lines = ["Interrupted run; the best point of each stage it finished:", "",
@@ -275,7 +275,7 @@ def robustness_section() -> list[str] | None:
             f"of each `fit.perturb.seed`{f', with `{extra}`' if extra else ''}; host "
             f"{data['host']} ({data['cpus']} cores, shared: wall times include waiting). "
             "Errors in %; with noise, mean abs(err)/SE is the mean over the 10 parameters of "
-            "|recovered − true| / standard error (`pdefit.uncertainty`), and max SE % the "
+            "|recovered − true| / standard error (`pdefit.fitting.uncertainty`), and max SE % the "
             "largest standard error relative to its parameter.", "", data["table"]]
 
 
@@ -382,7 +382,7 @@ def main(argv: Sequence[str] = ()) -> None:
                      "Levenberg–Marquardt's retries began to shorten the step, before which they "
                      "stopped as diverged) (docs/design-decisions.md, \"Why "
                      "Levenberg–Marquardt recovers the sharp model\"). Wall and CPU time of the "
-                     "whole `pdefit.cli.fit` (uncertainty and discretization check included). "
+                     "whole `pdefit.app.cli.fit` (uncertainty and discretization check included). "
                      "Before the hold, with Rush–Larsen at dt = 0.05 ms and a 1 ms first stage, "
                      "start seed 1 ran off (u_so 1e14 ×; this page at commit 61c8a20).", ""],
                  robustness_section(), old),

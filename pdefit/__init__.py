@@ -6,20 +6,28 @@ The Python API (:mod:`pdefit.api`): :func:`get_system`, :func:`open_dataset`,
 concept lives in its own module.
 """
 
-from .signals import hold_early
+from pdefit.runtime.signals import hold_early
 
 hold_early()  # pdefit-fit only: a signal during the imports below is recorded, not fatal
 
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 
-from .adjoint import LossChain, Nested, Revolve, StoreAll, revolve_plan, snapshots_for_budget  # noqa: E402
+from pdefit.adjoint.revolve import (  # noqa: E402
+    LossChain,
+    Nested,
+    Revolve,
+    StoreAll,
+    revolve_plan,
+    snapshots_for_budget,
+)
+from pdefit.fitting.observe import Observation, ObservedData, observed_data  # noqa: E402
+from pdefit.fitting.problem import Batch, FitProblem, Regularization  # noqa: E402
+from pdefit.model.params import ParameterLayout, ParamSpec  # noqa: E402
+from pdefit.model.system import System, SystemEvaluation  # noqa: E402
+from pdefit.numerics.grid import Grid  # noqa: E402
+from pdefit.numerics.integrate import make_stepper, simulate  # noqa: E402
+
 from .api import FitResult, FitSetup, build_problem, fit, get_system, open_dataset  # noqa: E402
-from .grid import Grid  # noqa: E402
-from .integrate import make_stepper, simulate  # noqa: E402
-from .observe import Observation, ObservedData, observed_data  # noqa: E402
-from .params import ParameterLayout, ParamSpec  # noqa: E402
-from .problem import Batch, FitProblem, Regularization  # noqa: E402
-from .system import System, SystemEvaluation  # noqa: E402
 
 try:
     __version__ = version("pdefit")

@@ -9,9 +9,9 @@
     print(result.params, result.relative_errors())
 
 :func:`build_problem` fills in the same config schema the command line uses
-(:mod:`pdefit.config`) and hands it to :func:`pdefit.assemble.build_fit`, so both paths run one
-implementation with the same checks and error messages; :func:`fit` runs the same optimiser
-loop (:func:`pdefit.train.run_fit`).
+(:mod:`pdefit.app.config`) and hands it to :func:`pdefit.fitting.assemble.build_fit`, so both paths
+run one implementation with the same checks and error messages; :func:`fit` runs the same optimiser
+loop (:func:`pdefit.fitting.train.run_fit`).
 """
 
 from __future__ import annotations
@@ -33,10 +33,15 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import ValidationError
 
-from . import assemble, discretization
-from . import data as zd
-from .checkpoint import CHECKPOINT_DIR, CheckpointOptions
-from .config import (
+from pdefit import data as zd
+from pdefit.app.validate import validate_discretization_check
+from pdefit.fitting import assemble, discretization
+from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
+from pdefit.model.system import System
+from pdefit.model.system import get_system as _get_system
+from pdefit.numerics.grid import Grid
+from pdefit.options import (
     AdjointConfig,
     DataConfig,
     DiscretizationCheckConfig,
@@ -49,13 +54,8 @@ from .config import (
     RegularizationConfig,
     SystemConfig,
 )
-from .gauss_newton import gauss_newton
-from .grid import Grid
-from .parallel import host_array
-from .system import System
-from .system import get_system as _get_system
-from .train import LEVENBERG_MARQUARDT, FitHistory, run_fit
-from .validate import validate_discretization_check
+from pdefit.parallel.processes import host_array
+from pdefit.runtime.checkpoint import CHECKPOINT_DIR, CheckpointOptions
 
 log = logging.getLogger("pdefit")
 
@@ -112,12 +112,12 @@ def build_problem(system: System | str,
     the first frame at time 0; they pass through a temporary dataset, and so through the same
     checks as a file.
     ``adjoint`` is ``revolve`` (with ``snapshots``), ``nested`` or ``store_all``;
-    ``regularization`` takes the keys of :class:`pdefit.config.RegularizationConfig`.
+    ``regularization`` takes the keys of :class:`pdefit.options.RegularizationConfig`.
     ``precision`` (``float32``/``float64``) switches JAX's precision; default: as it is.
 
     Returns a :class:`FitSetup`: ``problem`` (:class:`~pdefit.FitProblem`), ``batch``,
     ``theta0``, ``start_values`` and ``reference`` (the dataset's true parameters, if any).
-    Bad input raises :class:`pdefit.assemble.ConfigError` or ``DatasetError`` naming the
+    Bad input raises :class:`pdefit.fitting.assemble.ConfigError` or ``DatasetError`` naming the
     problem, as on the command line (the keys named are those of the config schema)."""
     if isinstance(system, str):
         system = get_system(system)
@@ -193,8 +193,8 @@ class FitResult:
     for scalars, arrays otherwise) at the best loss, ``fields`` the fitted initial fields,
     ``start`` and ``reference`` (true values, when the dataset has them) of the shared
     scalars, ``losses`` per step, ``best_loss``, ``steps`` taken, ``theta`` the optimiser's
-    best point, the full :class:`~pdefit.train.FitHistory` and ``discretization``, the
-    discretization check (:func:`pdefit.discretization.check`; None when skipped)."""
+    best point, the full :class:`~pdefit.fitting.train.FitHistory` and ``discretization``, the
+    discretization check (:func:`pdefit.fitting.discretization.check`; None when skipped)."""
 
     params: dict[str, Any]
     fields: dict[str, np.ndarray]
@@ -217,7 +217,7 @@ class FitResult:
 def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -> OptimConfig:
     """The optimiser settings of the command line's preset ``conf/optim/<optimizer>.yaml``
     (where there is one), with ``steps`` and ``options`` (fields of
-    :class:`pdefit.config.OptimConfig`, e.g. ``lr``, ``grad_tol``) replacing its values."""
+    :class:`pdefit.options.OptimConfig`, e.g. ``lr``, ``grad_tol``) replacing its values."""
     preset_file = files("pdefit.conf") / "optim" / f"{optimizer}.yaml"
     preset = yaml.safe_load(preset_file.read_text()) if preset_file.is_file() else {}
     values = {**(preset or {}), "name": optimizer, **options}
@@ -236,11 +236,11 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         **options: Any) -> FitResult:
     """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
     ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
-    :class:`pdefit.config.OptimConfig` (``lr``, ``grad_tol``, ``patience``, ...), the
+    :class:`pdefit.options.OptimConfig` (``lr``, ``grad_tol``, ``patience``, ...), the
     defaults those of the command line's ``optim=<optimizer>``. With ``run_dir`` the fit
     writes ``metrics.jsonl`` and Orbax checkpoints there and resumes from them.
     ``discretization_check``: after the fit, re-run the fitted model at a finer time step
-    (the keys of :class:`pdefit.config.DiscretizationCheckConfig`, e.g. ``{"dt_factor": 4,
+    (the keys of :class:`pdefit.options.DiscretizationCheckConfig`, e.g. ``{"dt_factor": 4,
     "parameters": True}``; False skips it); the result is ``FitResult.discretization``."""
     problem = setup.problem
     cfg = optimizer_config(optimizer, steps, **options)

@@ -1,14 +1,14 @@
 """The physics: one module per PDE system; the built-in ones are registered here by name.
 Installed as ``pdefit.systems``. Systems of other packages need no registration: name them by
-import path or entry point (:func:`pdefit.system.system_class`).
+import path or entry point (:func:`pdefit.model.system.system_class`).
 
 A system knows its fields, parameters, right-hand side (or step), stability limit and initial
-states; it knows nothing about adjoints, sharding or checkpoints (see :mod:`pdefit.system`).
+states; it knows nothing about adjoints, sharding or checkpoints (see :mod:`pdefit.model.system`).
 """
 
 from __future__ import annotations
 
-from pdefit.system import get_system  # built-in, import-path and entry-point names
+from pdefit.model.system import get_system  # built-in, import-path and entry-point names
 
 from .aliev_panfilov import AlievPanfilov
 from .bocf import BOCF

@@ -17,16 +17,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.params import ParamSpec
-from pdefit.stencils import (
+from pdefit.model.params import ParamSpec
+from pdefit.model.system import check_option, stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
+from pdefit.numerics.stencils import (
     LAPLACIAN_RADIUS,
     LAPLACIANS,
     laplacian,
     laplacian_spectral_radius,
 )
-from pdefit.system import check_option, stepper
 
 AP96 = {"D": 1.0, "k": 8.0, "a": 0.15, "b": 0.15, "eps0": 0.002, "mu1": 0.2, "mu2": 0.3}
 
@@ -44,10 +44,11 @@ class AlievPanfilov:
     name: ClassVar[str] = "aliev_panfilov"
     fields: ClassVar[tuple[str, ...]] = ("u", "v")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
-    # Excited tissue, for the evaluator's active fraction (pdefit/activity.py).
+    # Excited tissue, for the evaluator's active fraction (pdefit/analysis/activity.py).
     activity: ClassVar[tuple[str, float]] = ("u", 0.5)
     # Cell-centred fields, nothing tied to the cell count: data may be simulated on a refined
-    # grid (simulate.refine.grid_factor) and a fit checked on one (pdefit/discretization.py).
+    # grid (simulate.refine.grid_factor) and a fit checked on one
+    # (pdefit/fitting/discretization.py).
     refinable_grid: ClassVar[bool] = True
     # Dimensionless model units (1 time unit ≈ 12.9 ms in the common mapping).
     time_unit: ClassVar[str] = "AP time units"

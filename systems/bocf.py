@@ -35,16 +35,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.params import ParamSpec
-from pdefit.stencils import (
+from pdefit.model.params import ParamSpec
+from pdefit.model.system import check_option, stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
+from pdefit.numerics.stencils import (
     LAPLACIAN_RADIUS,
     LAPLACIANS,
     laplacian,
     laplacian_spectral_radius,
 )
-from pdefit.system import check_option, stepper
 
 # The 28 published parameters, in the paper's table order: name -> (EPI, ENDO, M, PB, TNNP).
 PARAMETER_SETS_ORDER = ("EPI", "ENDO", "M", "PB", "TNNP")
@@ -198,10 +198,11 @@ class BOCF:
     fields: ClassVar[tuple[str, ...]] = ("u", "v", "w", "s")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
     rest: ClassVar[dict[str, float]] = {"u": 0.0, "v": 1.0, "w": 1.0, "s": 0.0}
-    # Excited tissue, for the evaluator's active fraction (pdefit/activity.py).
+    # Excited tissue, for the evaluator's active fraction (pdefit/analysis/activity.py).
     activity: ClassVar[tuple[str, float]] = ("u", 0.5)
     # Cell-centred fields, nothing tied to the cell count: data may be simulated on a refined
-    # grid (simulate.refine.grid_factor) and a fit checked on one (pdefit/discretization.py).
+    # grid (simulate.refine.grid_factor) and a fit checked on one
+    # (pdefit/fitting/discretization.py).
     refinable_grid: ClassVar[bool] = True
     time_unit: ClassVar[str] = "ms"
     space_unit: ClassVar[str] = "mm"

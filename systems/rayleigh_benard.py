@@ -43,9 +43,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.grid import NEUMANN, PERIODIC, Grid
-from pdefit.params import ParamSpec
-from pdefit.system import check_option
+from pdefit.model.params import ParamSpec
+from pdefit.model.system import check_option
+from pdefit.numerics.grid import NEUMANN, PERIODIC, Grid
 
 WALLS = ("no_slip", "free_slip")
 

@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from pdefit import data as zd
-from pdefit.parallel import host_array
+from pdefit.parallel.processes import host_array
 
 ALIGNMENT = ("force_azimuth", "force_time_shift")
 

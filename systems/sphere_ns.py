@@ -12,7 +12,8 @@ Conventions:
 - Rotating frame: f = 2Ω cos θ (Ω = 0 for tissue); J(ψ, f) = 2Ω ∂φψ/R² is applied spectrally.
 - The mean vorticity is zero on a closed sphere (Stokes' theorem) and is kept so: the l = 0
   tendency is zero.
-- Discretisation: pseudo-spectral on a Gaussian grid (see :mod:`pdefit.spherical`); the state
+- Discretisation: pseudo-spectral on a Gaussian grid (see :mod:`pdefit.numerics.spherical`); the
+state
   is ζ on the grid, shape (nlat, nlon) = the engine grid's shape, whose spacing is unused (θ are
   Gauss nodes, φ_j = 2πj/nlon). The nonlinear term is formed on the grid and projected back to
   triangular truncation L; by default L is the largest for which the grid is "quadratic"
@@ -42,15 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.grid import PERIODIC, Grid
-from pdefit.params import ParamSpec
-from pdefit.spherical import (
+from pdefit.model.params import ParamSpec
+from pdefit.model.system import SystemEvaluation
+from pdefit.numerics.grid import PERIODIC, Grid
+from pdefit.numerics.spherical import (
     SphericalTransform,
     gaussian_grid,
     legendre_tables,
     quadratic_truncation,
 )
-from pdefit.system import SystemEvaluation
 
 FORCE_COMPONENTS = 2  # (F_θ, F_φ)
 OBSERVABLES = ("u_theta", "u_phi")

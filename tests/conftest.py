@@ -32,7 +32,7 @@ def _restore_precision():
 @pytest.fixture
 def no_training(monkeypatch):
     """Fail the test if the optimiser loop (where compilation happens) is ever reached."""
-    from pdefit import cli
+    from pdefit.app import cli
 
     def forbidden(*args, **kwargs):
         raise AssertionError("bad input reached the training loop")

@@ -9,13 +9,13 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from pdefit.adjoint import StoreAll
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.observe import Observation, observed_data
-from pdefit.params import ParameterLayout
-from pdefit.problem import Batch, FitProblem
-from pdefit.system import stepper
+from pdefit.adjoint.revolve import StoreAll
+from pdefit.fitting.observe import Observation, observed_data
+from pdefit.fitting.problem import Batch, FitProblem
+from pdefit.model.params import ParameterLayout
+from pdefit.model.system import stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 STORE_ALL = StoreAll()

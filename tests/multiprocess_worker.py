@@ -17,7 +17,9 @@ os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 
 import jax
 
-from pdefit import assemble, cli, parallel
+from pdefit import parallel
+from pdefit.app import cli
+from pdefit.fitting import assemble
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests.test_fit import MULTIPROCESS_FIT, config

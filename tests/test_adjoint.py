@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint import (
+from pdefit.adjoint.revolve import (
     ADVANCE,
     RESTORE,
     REVERSE,
@@ -29,7 +29,7 @@ from pdefit.adjoint import (
     revolve_ticks,
     snapshots_for_budget,
 )
-from pdefit.gradcheck import taylor_test
+from pdefit.adjoint.taylor import taylor_test
 from tests.helpers import ap_problem
 
 # ---------------------------------------------------------------------------------------------

@@ -13,10 +13,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 import pdefit
-from pdefit import assemble
-from pdefit.config import register_configs
-from pdefit.data import DatasetError
-from pdefit.train import ResumeMismatchError
+from pdefit.app.config import register_configs
+from pdefit.data.dataset import DatasetError
+from pdefit.fitting import assemble
+from pdefit.fitting.train import ResumeMismatchError
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = str(ROOT / "conf")

@@ -13,18 +13,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint import Revolve, StoreAll
-from pdefit.config import OptimConfig
-from pdefit.gauss_newton import gauss_newton
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.observe import Observation, observed_data
-from pdefit.params import ParameterLayout
-from pdefit.problem import Batch, FitProblem
-from pdefit.system import UnstableTimeStepError, check_time_step, default_params, stepper
+from pdefit.adjoint.revolve import Revolve, StoreAll
+from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.observe import Observation, observed_data
+from pdefit.fitting.problem import Batch, FitProblem
+from pdefit.fitting.train import run_fit
+from pdefit.model.params import ParameterLayout
+from pdefit.model.system import UnstableTimeStepError, check_time_step, default_params, stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
+from pdefit.options import OptimConfig
 from pdefit.systems import get_system
 from pdefit.systems.bocf import BOCF, parameter_values
-from pdefit.train import run_fit
 
 NEUMANN = ("neumann", "neumann")
 CELL = Grid((1, 1), (1.0, 1.0), NEUMANN)  # one cell: the no-flux Laplacian is zero

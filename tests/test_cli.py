@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pdefit import rundir
-from pdefit.config import register_configs
-from pdefit.grid import Grid
-from pdefit.influence import rank_parameters
-from pdefit.progress import Progress, ProgressOptions
+from pdefit.app import rundir
+from pdefit.app.config import register_configs
+from pdefit.fitting.ranking import rank_parameters
+from pdefit.numerics.grid import Grid
+from pdefit.runtime.progress import Progress, ProgressOptions
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 BIN = Path(sys.executable).parent
@@ -89,7 +89,7 @@ def test_run_dir_is_hydra_output_directory():
     assert hydra_dirs("run.name=a")[:2] == ("runs/fit/a", "runs/sweep/a")
     assert hydra_dirs()[:2] == ("runs/fit/default", "runs/sweep/default")
     # Hydra writes neither .hydra/ nor the log itself: pdefit does, once the run is accepted.
-    assert hydra_dirs()[2] == "pdefit.rundir.DeferredRunLog"
+    assert hydra_dirs()[2] == "pdefit.app.rundir.DeferredRunLog"
     assert rundir.command_name(["/venv/bin/pdefit-rank", "x=1"]) == "rank"
     assert rundir.command_name(["python"]) == "pdefit"
 
@@ -107,7 +107,7 @@ def test_simulate_writes_where_asked_and_overwrites_only_with_consent(tmp_path):
 
     done = command("pdefit-simulate", *args, "simulate.overwrite=true", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    from pdefit.data import open_dataset
+    from pdefit.data.dataset import open_dataset
 
     assert open_dataset(target).meta.n_experiments == 2
     assert not (target / "precious").exists()
@@ -243,8 +243,9 @@ def test_make_results_reads_readme_runs_and_keeps_measured_sections(tmp_path, mo
 def test_fitted_initial_field_is_compared_with_the_truth(tmp_path, capsys):
     """A fit of the unobserved v(0) reports its error against the dataset's own first frame
     of v (summary.json, the output, initial_fields.png)."""
-    from pdefit import assemble, cli
-    from pdefit.data import open_dataset
+    from pdefit.app import cli
+    from pdefit.data.dataset import open_dataset
+    from pdefit.fitting import assemble
     from tests.test_fit import SMALL, config
 
     dtype = assemble.set_precision("float32")

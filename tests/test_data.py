@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pdefit.data import (
+from pdefit.data.dataset import (
     FORMAT_VERSION,
     Dataset,
     DatasetError,
@@ -211,8 +211,9 @@ def test_xarray_reads_every_systems_dataset(tmp_path: Path, system: str) -> None
     import jax.numpy as jnp
     from hydra import compose, initialize_config_dir
 
-    from pdefit import assemble, cli
-    from pdefit.system import image_origin
+    from pdefit.app import cli
+    from pdefit.fitting import assemble
+    from pdefit.model.system import image_origin
 
     overrides, axes = SYSTEM_DATASETS[system]
     conf = str(Path(cli.__file__).resolve().parent.parent / "conf")

@@ -1,5 +1,5 @@
 """The discretization check of a finished fit and data made by a finer discretization
-(pdefit/discretization.py, ``fit.discretization_check``, ``simulate.refine``)."""
+(pdefit/fitting/discretization.py, ``fit.discretization_check``, ``simulate.refine``)."""
 
 from __future__ import annotations
 
@@ -13,15 +13,16 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from pdefit import assemble, cli, discretization, uncertainty
 from pdefit.api import build_problem
-from pdefit.config import DiscretizationCheckConfig
-from pdefit.data import open_dataset
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.system import stepper
+from pdefit.app import cli
+from pdefit.app.validate import validate_discretization_check, validate_fit
+from pdefit.data.dataset import open_dataset
+from pdefit.fitting import assemble, discretization, uncertainty
+from pdefit.model.system import stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
+from pdefit.options import DiscretizationCheckConfig
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
-from pdefit.validate import validate_discretization_check, validate_fit
 from tests.test_fit import SMALL, config
 
 

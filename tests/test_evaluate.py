@@ -10,8 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.assemble import ConfigError
-from pdefit.evaluate import (
+from pdefit.analysis.reports import (
     activation_time_error,
     activation_times,
     describe_loss,
@@ -24,10 +23,11 @@ from pdefit.evaluate import (
     parameter_table,
     validity_horizon,
 )
-from pdefit.grid import Grid
-from pdefit.influence import rank_parameters
+from pdefit.app.validate import validate_fit
+from pdefit.fitting.ranking import rank_parameters
+from pdefit.numerics.grid import Grid
+from pdefit.options import ConfigError
 from pdefit.systems.bocf import BOCF, parameter_values
-from pdefit.validate import validate_fit
 
 # -- metrics with known answers -----------------------------------------------------------------
 
@@ -156,7 +156,7 @@ from tests.test_fit import SMALL, config  # noqa: E402  (shared compose helper a
 
 
 def test_rank_command_writes_table_and_plot(tmp_path):
-    from pdefit.cli import rank
+    from pdefit.app.cli import rank
 
     cfg = config(tmp_path, *SMALL, "rank.top=3")
     rows = rank(cfg)
@@ -171,8 +171,8 @@ def test_evaluate_of_an_exact_model_gives_zero_errors(tmp_path):
     rounding), so the forecast is valid over the whole horizon and activation times agree.
     The truth (excited discs on 20²) dies out within it: the validity is reported as running
     into resting truth (tests/test_honest_evaluation.py has a truth that does not)."""
-    from pdefit.cli import fit
-    from pdefit.forecast import evaluate_run, format_evaluation
+    from pdefit.analysis.forecast import evaluate_run, format_evaluation
+    from pdefit.app.cli import fit
 
     run = tmp_path / "run"
     fit(config(run, *SMALL, "precision=float64", "fit.perturb=null", "optim.steps=1"))
@@ -204,8 +204,8 @@ def test_evaluate_forecasts_against_the_refined_truth_the_data_came_from(tmp_pat
     """Data made at dt/4 (`simulate.refine`): the forecast's truth is stepped at dt/4 too, so
     the exact parameters at the fit's dt show their model error instead of a twin's zero; a
     refined grid is refused by name."""
-    from pdefit.cli import fit
-    from pdefit.forecast import EvaluationError, evaluate_run
+    from pdefit.analysis.forecast import EvaluationError, evaluate_run
+    from pdefit.app.cli import fit
 
     run = tmp_path / "run"
     fit(config(run, *SMALL, "precision=float64", "fit.perturb=null", "optim.steps=1",
@@ -220,7 +220,7 @@ def test_evaluate_forecasts_against_the_refined_truth_the_data_came_from(tmp_pat
 
 
 def test_evaluate_refuses_what_it_cannot_do(tmp_path):
-    from pdefit.forecast import EvaluationError, evaluate_run
+    from pdefit.analysis.forecast import EvaluationError, evaluate_run
 
     with pytest.raises(EvaluationError, match=r"config\.yaml"):
         evaluate_run(tmp_path)
@@ -238,8 +238,8 @@ SURROGATE = ["experiment=ap_from_bocf_long", "system.grid.shape=[16,16]",
 def test_surrogate_fit_reads_only_observed_fields_on_the_model_clock(tmp_path):
     """AP fitted to BOCF data: the dataset's clock is divided by data.time_scale, only u is
     taken from it (BOCF's v is a different variable from AP's v), there is no reference."""
-    from pdefit import assemble
-    from pdefit.cli import _dataset_for
+    from pdefit.app.cli import _dataset_for
+    from pdefit.fitting import assemble
 
     cfg = config(tmp_path, *SURROGATE)
     dtype = assemble.set_precision("float64")
@@ -254,7 +254,7 @@ def test_surrogate_fit_reads_only_observed_fields_on_the_model_clock(tmp_path):
     with pytest.raises(assemble.ConfigError, match="not a multiple"):
         bad = config(tmp_path, *SURROGATE, "data.time_scale=10.0")
         assemble.build_fit(bad, _dataset_for(bad, tmp_path, dtype), dtype)
-    from pdefit.data import DatasetError
+    from pdefit.data.dataset import DatasetError
     with pytest.raises(DatasetError, match="made by system 'bocf'"):
         other = config(tmp_path, *SURROGATE, "data.system=null")
         assemble.build_fit(other, _dataset_for(other, tmp_path, dtype), dtype)
@@ -264,9 +264,9 @@ def test_paper_surrogate_configs_validate_and_share_one_truth(tmp_path):
     """experiment=ap_from_bocf is the seed paper's case (50 ms of u, a frame per AP step, AP's
     parameters and both initial fields fitted), bocf_refit_for_ap fits BOCF to the same truth,
     and ap_from_bocf_long still composes; the same-truth check names a differing key."""
-    from pdefit import assemble
-    from pdefit.forecast import EvaluationError, check_same_truth
-    from pdefit.validate import validate_fit
+    from pdefit.analysis.forecast import EvaluationError, check_same_truth
+    from pdefit.app.validate import validate_fit
+    from pdefit.fitting import assemble
 
     ap, bocf, long = (config(tmp_path, f"experiment={name}") for name in (
         "ap_from_bocf", "bocf_refit_for_ap", "ap_from_bocf_long"))
@@ -304,7 +304,7 @@ def test_paper_surrogate_configs_validate_and_share_one_truth(tmp_path):
 def test_compare_forecasts_on_shared_fields_and_one_truth_frame_by_frame():
     """Validity on the fields both runs compare (a surrogate compares only u), normalised by
     the truth's range; a truth that parts from this run's at some frame is refused there."""
-    from pdefit.forecast import EvaluationError, compare_forecasts
+    from pdefit.analysis.forecast import EvaluationError, compare_forecasts
 
     times = np.arange(6.0)
     truth = {"truth_min": {"u": [0.0] * 6, "v": [0.0] * 6},
@@ -339,8 +339,8 @@ def test_evaluate_compares_forecasts_of_one_truth(tmp_path):
 
     import yaml
 
-    from pdefit.cli import fit
-    from pdefit.forecast import EvaluationError, evaluate_run, format_evaluation
+    from pdefit.analysis.forecast import EvaluationError, evaluate_run, format_evaluation
+    from pdefit.app.cli import fit
 
     base = [*SMALL, "precision=float64", "optim=adam", "optim.steps=1", "fit.params=[k,a]",
             "fit.uncertainty=false"]
@@ -379,8 +379,8 @@ def test_evaluate_compares_forecasts_of_one_truth(tmp_path):
     with pytest.raises(EvaluationError, match=r"evaluate\.compare: .*simulate\.seed"):
         evaluate_run(exact, [f"evaluate.compare=[{other}]"], log=lambda _: None)
     # Data of another truth under a matching description: the first frames tell.
-    from pdefit import assemble
-    from pdefit.forecast import check_same_data
+    from pdefit.analysis.forecast import check_same_data
+    from pdefit.fitting import assemble
 
     check_same_data(exact, rough)  # no error: one truth
     assemble.simulate_dataset(config(other, *SMALL, "simulate.seed=1"), other / "data.zarr",
@@ -399,7 +399,7 @@ def stage_values(run: Path, stage: int, name: str) -> list[float]:
 
 def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
     """Stages, fit.hold (k held in the first stage, fitted from the second) and resume."""
-    from pdefit.cli import fit
+    from pdefit.app.cli import fit
 
     overrides = [*SMALL, "precision=float64", "fit.stages=[2,3]", "optim.steps=40",
                  "fit.params=[k,a]", "run.checkpoint_every=5", "+fit.hold.k=1"]
@@ -443,7 +443,7 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
 
 
 def test_patience_detects_a_stalled_loss():
-    from pdefit.train import _stalled
+    from pdefit.fitting.train import _stalled
 
     def records(losses):
         return [{"loss": x} for x in losses]

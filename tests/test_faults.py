@@ -5,7 +5,7 @@ write) at random times of the real ``pdefit-fit``, each run resumed and compared
 uninterrupted one.
 
 Run as a script (``python tests/test_faults.py '<json>'``) this file is the driver the tests
-start: ``pdefit.cli.fit_main`` (the console entry point, signal handling included) with a real
+start: ``pdefit.app.cli.fit_main`` (the console entry point, signal handling included) with a real
 signal sent to the process itself at a chosen phase.
 """
 
@@ -26,10 +26,10 @@ import jax.numpy as jnp
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pdefit import cli
-from pdefit.checkpoint import CheckpointError, CheckpointOptions, CheckpointStore
-from pdefit.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
-from pdefit.train import ResumeMismatchError
+from pdefit.app import cli
+from pdefit.fitting.train import ResumeMismatchError
+from pdefit.runtime.checkpoint import CheckpointError, CheckpointOptions, CheckpointStore
+from pdefit.runtime.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 HERE = Path(__file__).resolve()
@@ -299,7 +299,7 @@ def drive(spec: dict[str, Any]) -> None:
     """Child process: ``cli.fit_main`` as the console script runs it, with a real signal sent
     to this process at ``signal_in`` (simulate: while the dataset is written; end: while the
     outputs are) or SIGKILL inside Orbax's commit of checkpoint ``kill_in_save``."""
-    from pdefit import assemble
+    from pdefit.fitting import assemble
 
     sig = int(spec.get("signal", signal.SIGTERM))
     phase = spec.get("signal_in")

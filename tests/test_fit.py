@@ -13,10 +13,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-from pdefit import assemble, cli
 from pdefit import data as zd
-from pdefit.params import ParameterError
-from pdefit.system import UnstableTimeStepError
+from pdefit.app import cli
+from pdefit.fitting import assemble
+from pdefit.model.params import ParameterError
+from pdefit.model.system import UnstableTimeStepError
 
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 
@@ -161,7 +162,7 @@ def test_nan_in_data_outside_mask_is_rejected_and_maskable(tmp_path, monkeypatch
 
 
 def test_parameter_layout_rejects_unknown_transform():
-    from pdefit.params import ParamSpec
+    from pdefit.model.params import ParamSpec
     with pytest.raises(ParameterError, match="unknown transform"):
         ParamSpec(1.0, "sqrt")
     assert math.isclose(float(ParamSpec(0.3, "bounded", 0.0, 1.0).to_physical(
@@ -172,7 +173,7 @@ def test_start_from_a_finished_run(tmp_path, small_dataset):
     """fit.start_from continues from a finished run's fitted values: parameters in physical
     units (so another transform is fine), fitted fields where their shapes match; fit.start
     still wins; a missing file and a wrong shape are config errors."""
-    from pdefit.fitted import read_fitted, save_fitted
+    from pdefit.fitting.fitted import read_fitted, save_fitted
 
     first = tmp_path / "first"
     cli.fit(config(first, *SMALL, f"data.path={small_dataset}", "optim=adam", "optim.steps=5",
@@ -211,7 +212,7 @@ def test_start_from_a_finished_run(tmp_path, small_dataset):
 
 def test_parameter_check_names_the_first_bad_element():
     """Scalars and arrays share one validity rule; an array's message names its element."""
-    from pdefit.params import ParamSpec
+    from pdefit.model.params import ParamSpec
 
     rate = ParamSpec(1.0, "log", shape=(3,))
     rate.check("p", np.array([1.0, 2.0, 3.0]))
@@ -231,7 +232,7 @@ def test_system_penalty_maps_over_experiments_only_when_it_reads_their_values():
     reads a per-experiment parameter is averaged over the experiments' values."""
     import jax.numpy as jnp
 
-    from pdefit.problem import system_term
+    from pdefit.fitting.problem import system_term
 
     shared, own = {"a": jnp.asarray(2.0)}, {"b": jnp.asarray([1.0, 2.0, 6.0])}
     calls = []

@@ -11,8 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.activity import activity_measure, quiescent_from
-from pdefit.evaluate import lyapunov_estimate, lyapunov_exponent
+from pdefit.analysis.activity import activity_measure, quiescent_from
+from pdefit.analysis.reports import lyapunov_estimate, lyapunov_exponent
 
 
 def test_active_fraction_declared_or_generic_and_the_onset_of_rest():
@@ -67,10 +67,10 @@ def test_lyapunov_of_a_sharp_threshold_model_agrees_across_time_steps_or_is_unde
     its separations from four twins over 300 ms at dt = 0.05 and 0.025 ms: the estimates
     agree within 25 %, or an estimate is undetermined and says why. (A single-twin fit of
     the same curves gave λ = 0.085–0.23 /ms at dt = 0.05 and 0.068 /ms at 0.025.)"""
-    from pdefit.forecast import perturbed_twins, unrelated_separation
-    from pdefit.grid import Grid
-    from pdefit.lyapunov import separation_rollout
-    from pdefit.system import stepper
+    from pdefit.analysis.forecast import perturbed_twins, unrelated_separation
+    from pdefit.analysis.lyapunov import separation_rollout
+    from pdefit.model.system import stepper
+    from pdefit.numerics.grid import Grid
     from pdefit.systems.bocf import BOCF, parameter_values
 
     system = BOCF(parameter_set="TNNP", laplacian="9pt", init_stimuli=30, init_duration=3000.0)
@@ -112,8 +112,8 @@ def test_evaluate_does_not_flag_a_truth_that_keeps_reentry(tmp_path):
     """Aliev–Panfilov, the model at the truth: an S1–S2 spiral on 48² keeps re-entry over the
     horizon and is not flagged as at rest (the exact-model test in tests/test_evaluate.py has
     a truth that dies out and is)."""
-    from pdefit.cli import fit
-    from pdefit.forecast import evaluate_run, format_evaluation
+    from pdefit.analysis.forecast import evaluate_run, format_evaluation
+    from pdefit.app.cli import fit
 
     run = tmp_path / "spiral"
     fit(config(run, *FIT, "system.grid.shape=[48,48]"))
@@ -129,7 +129,7 @@ def test_evaluate_does_not_flag_a_truth_that_keeps_reentry(tmp_path):
     assert len(spiral["curves"]["separation"][0]) == 4  # one curve per direction
     stored = json.loads((run / "evaluation.json").read_text())
     assert stored["truth_quiescent_from"] is None and (run / "activity.png").stat().st_size > 0
-    from pdefit.forecast import EvaluationError
+    from pdefit.analysis.forecast import EvaluationError
 
     for key, value in (("lyapunov_directions", 0), ("min_active_fraction", 1.5)):
         with pytest.raises(EvaluationError, match=f"evaluate.{key}={value}"):

@@ -12,18 +12,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint import Revolve, StoreAll
-from pdefit.config import OptimConfig
-from pdefit.gauss_newton import gauss_newton
-from pdefit.gradcheck import taylor_test
-from pdefit.grid import Grid
-from pdefit.integrate import REAL_AXIS_STABILITY, make_stepper, simulate
-from pdefit.observe import Observation, observed_data
-from pdefit.params import ParameterLayout
-from pdefit.problem import Batch, FitProblem
-from pdefit.system import stepper
+from pdefit.adjoint.revolve import Revolve, StoreAll
+from pdefit.adjoint.taylor import taylor_test
+from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.observe import Observation, observed_data
+from pdefit.fitting.problem import Batch, FitProblem
+from pdefit.fitting.train import run_fit
+from pdefit.model.params import ParameterLayout
+from pdefit.model.system import stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import REAL_AXIS_STABILITY, make_stepper, simulate
+from pdefit.options import OptimConfig
 from pdefit.systems.bocf import BOCF, parameter_values
-from pdefit.train import run_fit
 
 NEUMANN = ("neumann", "neumann")
 TNNP = parameter_values("TNNP")

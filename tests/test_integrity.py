@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pdefit import assemble, cli, rundir
 from pdefit import data as zd
+from pdefit.app import cli, rundir
+from pdefit.fitting import assemble
 
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 TINY = ["system.grid.shape=[16,16]", "+system.options.initial=blobs", "simulate.n_frames=5",

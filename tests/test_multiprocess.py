@@ -14,7 +14,8 @@ from pathlib import Path
 import jax
 import pytest
 
-from pdefit import assemble, cli
+from pdefit.app import cli
+from pdefit.fitting import assemble
 from tests.test_fit import MULTIPROCESS_FIT, config
 
 WORKER = Path(__file__).with_name("multiprocess_worker.py")

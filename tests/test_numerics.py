@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.grid import Grid
-from pdefit.integrate import make_stepper, simulate
-from pdefit.stencils import laplacian_5pt, laplacian_9pt, laplacian_spectral_radius
-from pdefit.system import UnstableTimeStepError, check_time_step, stepper
+from pdefit.model.system import UnstableTimeStepError, check_time_step, stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import make_stepper, simulate
+from pdefit.numerics.stencils import laplacian_5pt, laplacian_9pt, laplacian_spectral_radius
 from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
 LAPLACIAN_FUNCS = {"5pt": laplacian_5pt, "9pt": laplacian_9pt}
@@ -451,7 +451,7 @@ def test_spiral_initial_state_is_seeded_and_active():
 def test_laplacian_custom_vjp_equals_autodiff(kind, boundaries):
     """The hand-written VJP (the operator is symmetric) equals reverse-mode through pad and
     stencil, on a grid with dx != dy for the 5-point stencil."""
-    from pdefit.stencils import LAPLACIANS, laplacian
+    from pdefit.numerics.stencils import LAPLACIANS, laplacian
 
     with jax.enable_x64(True):
         spacing = (0.7, 0.7) if kind == "9pt" else (0.7, 1.3)

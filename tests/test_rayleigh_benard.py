@@ -15,18 +15,18 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint import Revolve, StoreAll
-from pdefit.config import OptimConfig
-from pdefit.gradcheck import taylor_test
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.observe import Observation, observed_data
-from pdefit.params import ParameterLayout
-from pdefit.problem import Batch, FitProblem
-from pdefit.system import UnstableTimeStepError, check_time_step, stepper
+from pdefit.adjoint.revolve import Revolve, StoreAll
+from pdefit.adjoint.taylor import taylor_test
+from pdefit.fitting.observe import Observation, observed_data
+from pdefit.fitting.problem import Batch, FitProblem
+from pdefit.fitting.train import run_fit
+from pdefit.model.params import ParameterLayout
+from pdefit.model.system import UnstableTimeStepError, check_time_step, stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
+from pdefit.options import OptimConfig
 from pdefit.systems import get_system
 from pdefit.systems.rayleigh_benard import ONSET, RayleighBenard, project, solve_poisson
-from pdefit.train import run_fit
 from tests.helpers import configured_system
 
 BOUNDARIES = ("neumann", "periodic")
@@ -323,7 +323,7 @@ def experiments_problem(n_exp: int, n_steps: int):
 
 @pytest.mark.skipif(jax.device_count() < MESH_EXPERIMENTS, reason="needs 2 (virtual) devices")
 def test_experiments_mesh_loss_and_gradient_equal_single_device():
-    from pdefit.domain import Domain
+    from pdefit.parallel.domain import Domain
 
     problem, batch, theta = experiments_problem(MESH_EXPERIMENTS, MESH_STEPS)
     value, grad = jax.jit(problem.value_and_grad)(theta, batch)
@@ -354,7 +354,7 @@ PAPER_LYAPUNOV_EXPONENT = 1273.5
 def compose_fit(*overrides: str):
     from hydra import compose, initialize_config_dir
 
-    from pdefit.config import register_configs
+    from pdefit.app.config import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
@@ -377,7 +377,7 @@ def test_paper_experiment_window_and_horizon_in_lyapunov_times():
 
 
 def test_lyapunov_tool_on_a_small_layer():
-    from pdefit import lyapunov
+    from pdefit.analysis import lyapunov
 
     cfg = compose_fit(
         "system=rayleigh_benard", "system.grid.shape=[8,8]", "system.grid.spacing=[0.125,0.125]",

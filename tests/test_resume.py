@@ -5,7 +5,7 @@ of a checkpoint write) and started again ends with *exactly* the history and par
 run that was never stopped — the same float bits, compared with ``==``.
 
 Run as a script (``python tests/test_resume.py '<json>'``) this file is also the driver that
-the multi-process tests start: it runs ``pdefit.cli.fit`` with signals sent to itself at
+the multi-process tests start: it runs ``pdefit.app.cli.fit`` with signals sent to itself at
 chosen steps.
 """
 
@@ -29,10 +29,12 @@ import numpy as np
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pdefit import assemble, cli, rundir
-from pdefit.checkpoint import CheckpointOptions, CheckpointStore
-from pdefit.signals import PREEMPTED_EXIT_CODE, Preempted
-from pdefit.train import ResumeMismatchError, TrainingDivergedError, run_fit
+from pdefit.app import cli, rundir
+from pdefit.fitting import assemble
+from pdefit.fitting.train import ResumeMismatchError, TrainingDivergedError, run_fit
+from pdefit.runtime import resume
+from pdefit.runtime.checkpoint import CheckpointOptions, CheckpointStore
+from pdefit.runtime.signals import PREEMPTED_EXIT_CODE, Preempted
 
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 HERE = Path(__file__).resolve()
@@ -274,9 +276,9 @@ def test_a_key_added_after_a_run_was_saved_counts_as_its_default():
     current = rundir.plain_config(make_config(Path("/r")))
     saved = json.loads(json.dumps(current))
     del saved["simulate"]["refine"], saved["fit"]["discretization_check"]
-    assert rundir.config_differences(saved, current) == []
+    assert resume.config_differences(saved, current) == []
     current["simulate"]["refine"]["dt_factor"] = 4
-    assert rundir.config_differences(saved, current) == [
+    assert resume.config_differences(saved, current) == [
         "simulate.refine.dt_factor: '<unset>' → 4"]
 
 
@@ -300,7 +302,7 @@ def test_run_directories_are_deterministic(tmp_path):
 def test_local_multirun_gives_each_point_its_own_directory(tmp_path, jax_cache):
     """``pdefit-fit -m`` with Hydra's basic launcher: one deterministic directory per point,
     and the summary command's table of the sweep."""
-    from pdefit import sweep
+    from pdefit.app import sweep
 
     env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(jax_cache),
            "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",

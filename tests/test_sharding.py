@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit import cli
-from pdefit.adjoint import Revolve
-from pdefit.domain import Domain
+from pdefit.adjoint.revolve import Revolve
+from pdefit.app import cli
+from pdefit.parallel.domain import Domain
 from tests.helpers import ap_problem
 from tests.test_fit import SMALL, config
 
@@ -65,8 +65,8 @@ def test_tile_halo_exchange_matches_global_padding():
     """Every tile's padded block equals the matching window of the globally padded field."""
     from jax.sharding import PartitionSpec as P
 
-    from pdefit.domain import AXES
-    from pdefit.grid import Grid
+    from pdefit.numerics.grid import Grid
+    from pdefit.parallel.domain import AXES
 
     for boundaries in [("neumann", "periodic"), ("periodic", "neumann")]:
         grid = Grid((8, 12), (1.0, 1.0), boundaries)
@@ -100,7 +100,7 @@ def test_fit_on_2x4_mesh_ends_where_single_device_fit_ends(tmp_path):
 
 def test_each_device_window_is_read_once(tmp_path):
     """On a 2×4 mesh the dataset is read in eight windows per array, one per device."""
-    from pdefit import assemble
+    from pdefit.fitting import assemble
     data_dir = tmp_path / "data"
     cfg = config(data_dir, *SMALL, "mesh=2x4")
     dtype = assemble.set_precision("float64")

@@ -14,12 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit import assemble, cli
 from pdefit import data as zd
-from pdefit.adjoint import Revolve
-from pdefit.domain import Domain
-from pdefit.gradcheck import taylor_test
-from pdefit.params import ParameterError, ParameterLayout
+from pdefit.adjoint.revolve import Revolve
+from pdefit.adjoint.taylor import taylor_test
+from pdefit.app import cli
+from pdefit.fitting import assemble
+from pdefit.model.params import ParameterError, ParameterLayout
+from pdefit.parallel.domain import Domain
 from tests.test_fit import config
 
 # A T5 sphere (8 × 16 Gauss grid), 3 experiments of 11 frames over 2 time units, a force on

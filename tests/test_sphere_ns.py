@@ -14,13 +14,13 @@ import numpy as np
 import pytest
 from scipy.special import factorial, lpmv
 
-from pdefit.adjoint import LossChain, Revolve, StoreAll
-from pdefit.domain import TileGrid
-from pdefit.gradcheck import taylor_test
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.spherical import SphericalTransform
-from pdefit.system import check_time_step, stepper
+from pdefit.adjoint.revolve import LossChain, Revolve, StoreAll
+from pdefit.adjoint.taylor import taylor_test
+from pdefit.model.system import check_time_step, stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
+from pdefit.numerics.spherical import SphericalTransform
+from pdefit.parallel.domain import TileGrid
 from pdefit.systems import get_system
 from pdefit.systems.sphere_ns import (
     SphereNS,

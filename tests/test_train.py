@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.config import OptimConfig
-from pdefit.train import run_fit
+from pdefit.fitting.train import run_fit
+from pdefit.options import OptimConfig
 
 
 def rosenbrock_counting(calls: list[int]):

@@ -1,5 +1,5 @@
-"""Standard errors and 95 % intervals of fitted parameters (pdefit.uncertainty): the covariance
-against a direct Jacobian of the residuals, coverage over noise seeds through a real
+"""Standard errors and 95 % intervals of fitted parameters (pdefit.fitting.uncertainty): the
+covariance against a direct Jacobian of the residuals, coverage over noise seeds through a real
 Levenberg–Marquardt fit, the 1/√frames shrinkage, and flags on parameters the data do not
 determine."""
 
@@ -16,18 +16,12 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from pdefit.adjoint import StoreAll
-from pdefit.config import OptimConfig
-from pdefit.gauss_newton import gauss_newton
-from pdefit.grid import Grid
-from pdefit.integrate import simulate
-from pdefit.observe import Observation, observed_data
-from pdefit.params import ParameterLayout
-from pdefit.problem import Batch, FitProblem, Regularization
-from pdefit.system import stepper
-from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
-from pdefit.train import run_fit
-from pdefit.uncertainty import (
+from pdefit.adjoint.revolve import StoreAll
+from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.observe import Observation, observed_data
+from pdefit.fitting.problem import Batch, FitProblem, Regularization
+from pdefit.fitting.train import run_fit
+from pdefit.fitting.uncertainty import (
     NOT_CONVERGED,
     NOT_DETERMINED,
     ROUNDOFF_NOTE,
@@ -35,6 +29,12 @@ from pdefit.uncertainty import (
     data_rms,
     estimate,
 )
+from pdefit.model.params import ParameterLayout
+from pdefit.model.system import stepper
+from pdefit.numerics.grid import Grid
+from pdefit.numerics.integrate import simulate
+from pdefit.options import OptimConfig
+from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 from tests.helpers import ap_state
 
 DT = 0.05
@@ -206,7 +206,7 @@ def test_fit_command_prints_and_writes_intervals(tmp_path, capsys):
     fit.uncertainty=false leaves them out."""
     from hydra import compose, initialize_config_dir
 
-    from pdefit import cli
+    from pdefit.app import cli
 
     conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
     overrides = ["system.grid.shape=[16,16]", "+system.options.initial=blobs",
@@ -249,7 +249,8 @@ def test_noise_free_fit_is_reported_at_rounding_level(tmp_path, capsys):
     level of the data's 1 % is not rounding."""
     from hydra import compose, initialize_config_dir
 
-    from pdefit import assemble, cli
+    from pdefit.app import cli
+    from pdefit.fitting import assemble
 
     conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pdefit.system import get_system
+from pdefit.model.system import get_system
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "write-your-own-pde.md"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 
-from pdefit import cli
-from pdefit.assemble import ConfigError
+from pdefit.app import cli
+from pdefit.options import ConfigError
 
 CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
 TINY = ["system.grid.shape=[16,16]", "+system.options.initial=blobs", "simulate.n_frames=5",
@@ -60,7 +60,7 @@ def test_bad_setting_is_refused_before_anything_is_written(tmp_path, no_training
 
 
 def test_grid_too_small_for_the_initial_state_warns(tmp_path):
-    from pdefit.validate import validate_fit
+    from pdefit.app.validate import validate_fit
 
     warnings: list[str] = []
     validate_fit(config(tmp_path, "system.grid.shape=[3,3]", "~system.options.initial"),
@@ -72,7 +72,7 @@ def test_grid_too_small_for_the_initial_state_warns(tmp_path):
 
 
 def test_checkpoint_every_step_warns(tmp_path):
-    from pdefit.validate import validate_fit
+    from pdefit.app.validate import validate_fit
 
     warnings: list[str] = []
     validate_fit(config(tmp_path, "run.checkpoint_every=1"), log=warnings.append)
@@ -80,7 +80,7 @@ def test_checkpoint_every_step_warns(tmp_path):
 
 
 def test_evaluate_horizon_must_be_positive(tmp_path):
-    from pdefit.forecast import EvaluationError, load_run_config
+    from pdefit.analysis.forecast import EvaluationError, load_run_config
 
     (tmp_path / "config.yaml").write_text("run: {plots: false}\n")
     with pytest.raises(EvaluationError, match=r"evaluate.horizon must be a positive number"):

@@ -1,0 +1,257 @@
+"""Validation of every numeric setting of a fit against its meaning, in one place, before
+anything is written or compiled.
+
+The structured config (:mod:`pdefit.app.config`) checks types; this module checks values: a
+negative learning rate is a float all the same, but it climbs the loss. Each error names the
+offending key (:class:`pdefit.fitting.assemble.ConfigError`); settings that are legal but almost
+certainly wrong (a grid too small for the initial-state generator, a checkpoint after every
+step) give a warning instead. Keys that depend on the chosen system or dataset (parameter
+names, frames) are checked where those are known, in :mod:`pdefit.fitting.assemble`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import numpy as np
+
+from pdefit.fitting import discretization
+from pdefit.fitting.assemble import refine_factors
+from pdefit.options import ConfigError
+
+OPTIMIZERS = ("adam", "adamw", "sgd", "lbfgs", "levenberg_marquardt")
+SCHEDULES = ("constant", "cosine", "exponential")
+
+
+def _number(key: str, value: Any) -> float:
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{key} must be a number, got {value!r}") from None
+    if not math.isfinite(x):
+        raise ConfigError(f"{key} must be a finite number, got {value!r}")
+    return x
+
+
+def _positive(key: str, value: Any) -> float:
+    x = _number(key, value)
+    if x <= 0:
+        raise ConfigError(f"{key} must be > 0, got {value!r}")
+    return x
+
+
+def _non_negative(key: str, value: Any) -> float:
+    x = _number(key, value)
+    if x < 0:
+        raise ConfigError(f"{key} must be >= 0, got {value!r}")
+    return x
+
+
+def _at_least(key: str, value: Any, low: int) -> int:
+    x = _number(key, value)
+    if x < low or x != int(x):
+        raise ConfigError(f"{key} must be an integer >= {low}, got {value!r}")
+    return int(x)
+
+
+def _weights(key: str, weights: Any) -> dict[str, float]:
+    return {name: _non_negative(f"{key}.{name}", w) for name, w in dict(weights or {}).items()}
+
+
+def validate_optim(cfg: Any) -> None:
+    """``optim.*``: also used by :func:`pdefit.fitting.train.run_fit` callers that bypass the
+    CLI."""
+    if cfg.name not in OPTIMIZERS:
+        raise ConfigError(f"optim.name: unknown {cfg.name!r}; choose one of {list(OPTIMIZERS)}")
+    if cfg.schedule not in SCHEDULES:
+        raise ConfigError(f"optim.schedule: unknown {cfg.schedule!r}; choose one of "
+                          f"{list(SCHEDULES)}")
+    _positive("optim.lr", cfg.lr)
+    steps = _at_least("optim.steps", cfg.steps, 1)
+    warmup = _at_least("optim.warmup_steps", cfg.warmup_steps, 0)
+    if warmup >= steps:
+        raise ConfigError(f"optim.warmup_steps ({warmup}) must be less than optim.steps "
+                          f"({steps})")
+    fraction = _number("optim.final_lr_fraction", cfg.final_lr_fraction)
+    low = 0.0 if cfg.schedule != "exponential" else math.ulp(0.0)
+    if not low <= fraction <= 1:
+        raise ConfigError(f"optim.final_lr_fraction must be in [0, 1] ((0, 1] for the "
+                          f"exponential schedule), got {cfg.final_lr_fraction!r}")
+    if cfg.clip is not None:
+        _positive("optim.clip", cfg.clip)
+    factor = _number("optim.nan_lr_factor", cfg.nan_lr_factor)
+    if not 0 < factor < 1:
+        raise ConfigError(f"optim.nan_lr_factor must be in (0, 1), got {cfg.nan_lr_factor!r}")
+    _at_least("optim.max_nan_failures", cfg.max_nan_failures, 0)
+    _non_negative("optim.grad_tol", cfg.grad_tol)
+    if cfg.patience is not None:
+        _at_least("optim.patience", cfg.patience, 1)
+
+
+def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
+    """Raise :class:`ConfigError` for the first setting of ``cfg`` (a fit config) that cannot
+    work; ``log`` the ones that are legal but almost certainly wrong."""
+    validate_optim(cfg.optim)
+    _positive("system.dt", cfg.system.dt)
+    _grid(cfg.system.grid)
+    obs = cfg.observe
+    _at_least("observe.stride", obs.stride, 1)
+    if not list(obs.fields):
+        raise ConfigError("observe.fields is empty: a fit needs at least one observed field")
+    weights = _weights("observe.field_weights", obs.field_weights)
+    unknown = sorted(set(weights) - set(obs.fields))
+    if unknown:
+        raise ConfigError(f"observe.field_weights: {unknown} are not observed fields "
+                          f"(observe.fields={list(obs.fields)})")
+    if weights and all(weights.get(f, 1.0) == 0 for f in obs.fields):
+        raise ConfigError("observe.field_weights: every observed field has weight 0")
+    fit = cfg.fit
+    fitted_fields = [f for f, source in dict(fit.initial_fields or {}).items()
+                     if source == "fit"]
+    if not list(fit.params) and not fitted_fields:
+        raise ConfigError("fit.params is empty and no fit.initial_fields is 'fit': there is "
+                          "nothing to fit")
+    if fit.perturb is not None:
+        low = _positive("fit.perturb.low", fit.perturb.low)
+        high = _positive("fit.perturb.high", fit.perturb.high)
+        if low > high:
+            raise ConfigError(f"fit.perturb.low ({low}) must not exceed fit.perturb.high "
+                              f"({high})")
+    if fit.stages is not None:
+        for i, k in enumerate(fit.stages):
+            _at_least(f"fit.stages[{i}]", k, 2)
+    _hold(cfg)
+    validate_discretization_check(fit.discretization_check)
+    reg = cfg.regularization
+    _non_negative("regularization.params", reg.params)
+    _non_negative("regularization.fields", reg.fields)
+    for key in ("param_l2", "smoothness", "system"):
+        _weights(f"regularization.{key}", getattr(reg, key))
+    run = cfg.run
+    every = _at_least("run.checkpoint_every", run.checkpoint_every, 1)
+    _at_least("run.checkpoint_keep", run.checkpoint_keep, 1)
+    _at_least("run.log_every", run.log_every, 1)
+    if every == 1 and cfg.optim.steps > 1:
+        log("run.checkpoint_every=1 writes a checkpoint after every optimiser step, which "
+            "can make a small fit several times slower; 10-50 is usually enough")
+    _simulation(cfg, log)
+
+
+def _hold(cfg: Any) -> None:
+    """``fit.hold``: fitted names, each held for 0 (not held) up to the number of listed
+    stages, not every fitted parameter at once, and none into the last stage (checked here
+    when the frame count is known without the dataset, else by :func:`pdefit.app.cli.stage_holds`
+    once it is open)."""
+    fit = cfg.fit
+    for name, count in dict(fit.hold or {}).items():
+        key = f"fit.hold.{name}"
+        count = _at_least(key, count, 0)
+        if count == 0:  # not held (how an override switches off an experiment's hold)
+            continue
+        if name not in list(fit.params):
+            raise ConfigError(f"{key}: {name!r} is not a fitted parameter (fit.params="
+                              f"{list(fit.params)}); only fitted parameters can be held "
+                              f"({key}=0 drops the hold)")
+        if not fit.stages:
+            raise ConfigError(f"{key}: holding a parameter needs a staged fit (fit.stages); "
+                              f"without stages it would never be fitted ({key}=0 drops the "
+                              "hold)")
+        if count > len(fit.stages):
+            raise ConfigError(f"{key}={count}: there are {len(fit.stages)} listed stages "
+                              f"(fit.stages={list(fit.stages)}) and the last one must fit it")
+    held_first = {str(n) for n, count in dict(fit.hold or {}).items() if int(count) >= 1}
+    fits_fields = any(str(v) == "fit" for v in dict(fit.initial_fields or {}).values())
+    if fit.params and held_first >= {str(n) for n in fit.params} and not fits_fields:
+        raise ConfigError(f"fit.hold holds every fitted parameter ({sorted(held_first)}) in "
+                          "the first stage, which would then fit nothing; hold fewer")
+    if fit.hold and fit.stages and (cfg.data.path is None or cfg.data.frames is not None):
+        # The frame count is known before any dataset is opened: check the stage count now.
+        n_frames = (len(cfg.data.frames) if cfg.data.frames is not None
+                    else int(cfg.simulate.n_frames))
+        n_stages = len(fit.stages) + (int(fit.stages[-1]) != n_frames)
+        check_hold_counts(fit.hold, n_stages)
+
+
+def check_hold_counts(hold: Any, n_stages: int) -> None:
+    """Every held parameter (``fit.hold``) must be fitted in the last of ``n_stages``."""
+    for name, count in dict(hold or {}).items():
+        if int(count) >= n_stages:
+            raise ConfigError(
+                f"fit.hold.{name}={count}: the fit has {n_stages} stage(s) on these data, so "
+                f"{name} would never be fitted; hold it for at most {n_stages - 1}")
+
+
+def validate_discretization_check(check: Any, key: str = "fit.discretization_check",
+                                  problem: Any = None) -> None:
+    """The numbers of ``fit.discretization_check`` (pdefit.fitting.discretization); with the fit's
+    ``problem`` (once assembled, before compiling) also what the check cannot do for it:
+    ``grid_factor`` > 1 on a grid that cannot be refined, ``parameters`` without the
+    Gauss–Newton curvature. Nothing to check when the check is off."""
+    if not check.enabled:
+        return
+    _at_least(f"{key}.dt_factor", check.dt_factor, 2)
+    _at_least(f"{key}.grid_factor", check.grid_factor, 1)
+    _positive(f"{key}.tolerance", check.tolerance)
+    _non_negative(f"{key}.negligible", check.negligible)
+    _positive(f"{key}.parameter_tolerance", check.parameter_tolerance)
+    refused = None if problem is None else discretization.unsupported(problem, check, key)
+    if refused is not None:
+        raise ConfigError(refused)
+
+
+def _grid(grid: Any) -> None:
+    shape = list(grid.shape)
+    for i, n in enumerate(shape):
+        _at_least(f"system.grid.shape[{i}]", n, 1)
+    for i, h in enumerate(grid.spacing):
+        _positive(f"system.grid.spacing[{i}]", h)
+
+
+def _simulation(cfg: Any, log: Callable[[str], None]) -> None:
+    """The embedded default's dataset (no ``data.path``): counts, and a warning when the
+    initial state the system generates on this grid is (nearly) constant, which happens when
+    the grid is smaller than the generator's pattern: there is then nothing to fit."""
+    if cfg.data.path:
+        return
+    sim = cfg.simulate
+    _at_least("simulate.n_frames", sim.n_frames, 2)
+    _at_least("simulate.steps_per_frame", sim.steps_per_frame, 1)
+    _at_least("simulate.n_experiments", sim.n_experiments, 1)
+    _at_least("simulate.frames_per_shard", sim.frames_per_shard, 1)
+    refine_factors(cfg)
+    if sim.noise is not None:
+        _non_negative("simulate.noise.sigma", sim.noise.sigma)
+    flat = _flat_fields(cfg)
+    if flat:
+        log(f"system.grid.shape={list(cfg.system.grid.shape)}: the initial state of "
+            f"{cfg.system.name} is (nearly) constant in {flat} on this grid, which is probably "
+            "smaller than its initial-state generator needs; the data will show little or no "
+            "dynamics to fit")
+
+
+def _flat_fields(cfg: Any) -> list[str]:
+    from pdefit.fitting import assemble
+
+    system_cfg = cfg.simulate.system or cfg.system
+    system, grid = assemble.make_system(system_cfg), assemble.make_grid(system_cfg)
+    if int(np.prod(grid.shape)) > 1 << 12:  # bigger grids are never too small; skip the work
+        return []
+    params = assemble.system_params(system, system_cfg.params)
+    try:
+        state = system.initial_state(grid, params, int(cfg.simulate.seed))
+    except Exception:  # the simulation reports its own errors, with their keys
+        return []
+    return [name for name, value in _items(state) if _nearly_constant(np.asarray(value))]
+
+
+def _items(state: Any) -> Iterable[tuple[str, Any]]:
+    return state.items() if isinstance(state, dict) else []
+
+
+def _nearly_constant(a: np.ndarray) -> bool:
+    if a.size < 2 or not np.all(np.isfinite(a)):
+        return False
+    scale = max(float(np.max(np.abs(a))), 1.0)
+    return float(np.ptp(a)) <= 1e-3 * scale

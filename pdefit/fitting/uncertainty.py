@@ -1,0 +1,361 @@
+"""Standard errors and 95 % intervals of fitted shared scalar parameters at the optimum.
+
+The data loss of a fit (:mod:`pdefit.fitting.observe`, :mod:`pdefit.fitting.problem`) is a weighted
+sum of squared residuals r_i = model_i(θ) − y_i over every observed value i (all fields, frames,
+points and experiments), plus the penalty R(θ):
+
+    L(θ) = Σ_i a_i r_i² + R(θ),   a_i = w_f · s_{e,f} / E,
+
+with w_f the field weight (``observe.field_weights``), s_{e,f} = 1 / (number of observed values
+of field f in experiment e) for ``mse`` or 1 / Σ y² of them for ``relative_mse``, and E the
+number of experiments. Assume y_i = model_i(θ*) + ε_i with independent ε_i ~ N(0, σ²) (one σ
+for every observed value, no model error, a known initial state or one read from the first
+frame, see below). Linearising the optimality
+condition ∇L(θ̂) = 0 at the optimum gives the sandwich covariance in the unconstrained
+coordinates θ (J = ∂r/∂θ, A = diag(a_i)):
+
+    Cov(θ̂) = σ² B⁻¹ (Jᵀ A² J) B⁻¹,   B = Jᵀ A J + ½ ∇²R.
+
+Every matrix here is a Gauss–Newton matrix of a reweighted loss, computed by
+:func:`pdefit.fitting.gauss_newton.gauss_newton` (forward tangents, no stored trajectory): the loss
+Σ_i a_i^q r_i² has Gauss–Newton matrix 2 Jᵀ A^q J. With uniform weights (a_i = a, the usual
+case: ``mse`` and fields observed alike) all three are multiples of JᵀJ and one sweep with
+q = 0 suffices; then, without a penalty, Cov = σ² (JᵀJ)⁻¹ with JᵀJ = (N/2)·H_GN of the MSE
+over N values. σ² is the dataset's additive noise level when it records one, else estimated
+from the residual: σ̂² = RSS / (N − p), with p the number of fitted parameters, and the
+interval then uses Student's t with N − p degrees of freedom.
+
+A known initial field read from the first frame of noisy data copies that frame's noise: those
+values have zero residual and sample no noise, so they are not counted in N, and the noise
+(variance σ² on every initial value) moves the whole trajectory. Linearised, it adds
+(JᵀA J_x)(JᵀA J_x)ᵀ to the middle factor, J_x the residuals' response to the initial state;
+its k × k value comes from the same sweep with the initial state's unit vectors (states of at
+most 512 values: exact) or 32 seeded random directions (larger ones: an estimate of that term
+with about 25 % error) as extra tangents.
+
+Intervals are formed in θ-space (θ̂ ± q·σ_θ) and mapped through the transforms, so they stay
+inside the parameters' bounds (for a ``log`` parameter they are [p·e^{−qσ_θ}, p·e^{qσ_θ}]); the
+standard error in physical units is the delta method's |dp/dθ|·σ_θ (p·σ_θ for ``log``).
+
+Directions the data do not determine are found from the eigen-decomposition of B scaled to
+unit diagonal: an eigenvalue below ``rcond`` × the largest marks a near-singular direction, and
+the parameters with a large share in it (squared component ≥ 0.1) get no interval and are
+flagged; a parameter whose relative standard error exceeds 100 % is flagged as poorly
+determined. The intervals are centred on the optimum; where the Gauss–Newton step from the
+fitted θ, −(2B)⁺∇L, still moves a parameter by more than half its standard error the fit has
+not converged that far, and the parameter is flagged with the distance (``to_optimum``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+from scipy import stats
+
+from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.problem import Batch, FitProblem, Regularization
+
+LEVEL = 0.95
+SHARE = 0.1  # squared eigenvector component above which a parameter is named in a direction
+NOT_DETERMINED = "not determined by the data"
+POORLY_DETERMINED = "poorly determined (std error > 100 %)"
+# A fit whose Gauss–Newton step to the optimum exceeds this many std errors has not converged
+# as far as its intervals assume (they are centred on the optimum).
+STEP_LIMIT = 0.5
+# A residual this many float32 rounding steps of the data's RMS or less is rounding, not noise
+# (datasets store float32): the fit reproduces its data to their precision, the intervals only
+# measure that rounding, and "how far from the optimum" is not meaningful.
+ROUNDOFF_STEPS = 100
+ROUNDOFF_NOTE = ("the residual is at the data's rounding level (noise-free data fitted to "
+                 "their float32 precision): the intervals reflect rounding only")
+NOT_CONVERGED = "optimum not reached"
+# The response of the residuals to a noisy initial state: exact (one tangent per value) up to
+# this many values, else estimated from this many random directions (about 25 % error).
+EXACT_LIMIT = 512
+SAMPLES = 32
+
+
+def unavailable_reason(problem: FitProblem) -> str | None:
+    """Why no intervals can be computed for ``problem`` (None: they can)."""
+    if problem.fitted_fields:
+        return (f"fitted initial fields {list(problem.fitted_fields)}: intervals cover fits of "
+                "shared scalar parameters only")
+    others = [n for n in problem.layout.fitted if n not in problem.layout.scalars]
+    if others:
+        return (f"array or per-experiment parameter(s) {others}: intervals cover fits of "
+                "shared scalar parameters only")
+    if not problem.layout.fitted:
+        return "no fitted parameter"
+    if problem.domain is not None:
+        return "the Gauss–Newton curvature runs on one device (mesh=single)"
+    return None
+
+
+def misfit_weights(problem: FitProblem, batch: Batch) -> dict[str, np.ndarray]:
+    """a_{e,f} per observed field: the weight of a squared residual of field f in experiment e
+    in the data loss, shape (n_exp,)."""
+    field_weights = dict(problem.observation.field_weights)
+    scale = batch.observed.scale
+    n_exp = next(iter(scale.values())).shape[0]
+    return {f: field_weights.get(f, 1.0) * np.asarray(s, np.float64) / n_exp
+            for f, s in scale.items()}
+
+
+def copied_values(problem: FitProblem, theta: Any, batch: Batch) -> int:
+    """How many observed values of the frame at step 0 the initial state reproduces exactly:
+    a known initial field read from that frame copies its noise, so its residual is zero
+    and no sample of the noise; they are left out of N."""
+    slot = int(batch.observed.slot_of_step[0])
+    if slot < 0:
+        return 0
+    projected = jax.vmap(problem.observation.project)(problem.initial_state(theta, batch))
+    return int(sum(jnp.sum((batch.observed.weights[f][:, slot] > 0)
+                           & (projected[f] == batch.observed.values[f][:, slot]))
+                   for f in projected))
+
+
+def _reweighted(problem: FitProblem, batch: Batch, power: int,
+                ) -> tuple[FitProblem, Batch]:
+    """The problem (no field weights, no penalty) and batch whose data loss is Σ_i a_i^power
+    r_i²: gauss_newton averages over experiments, hence the factor E."""
+    weights = misfit_weights(problem, batch)
+    n_exp = next(iter(weights.values())).shape[0]
+    dtype = next(iter(batch.observed.scale.values())).dtype
+    scale = {f: jnp.asarray(w ** power * n_exp, dtype) for f, w in weights.items()}
+    plain = dataclasses.replace(
+        problem, regularization=Regularization(),
+        observation=dataclasses.replace(problem.observation, field_weights=()))
+    return plain, batch._replace(observed=batch.observed._replace(scale=scale))
+
+
+def _gauss_newton_matrix(problem: FitProblem, theta: Any, batch: Batch, power: int,
+                         directions: Any = None) -> tuple[float, np.ndarray, np.ndarray]:
+    """(Σ a^power r², its gradient 2 Jᵀ A^power r, half its Gauss–Newton matrix) at ``theta``:
+    Jᵀ A^power J, bordered by Jᵀ A^power J_x d for initial-state ``directions`` d; one
+    forward-tangent sweep."""
+    plain, reweighted = _reweighted(problem, batch, power)
+    value, gradient, matrix = jax.jit(gauss_newton(plain))(theta, reweighted, directions)
+    return (float(value), np.asarray(ravel_pytree(gradient["params"])[0], np.float64),
+            0.5 * np.asarray(matrix, np.float64))
+
+
+def initial_directions(x0: Any, limit: int = EXACT_LIMIT, samples: int = SAMPLES,
+                       seed: int = 0) -> tuple[Any, float, str]:
+    """Directions d of the initial state (each leaf with a leading axis) and the weight w with
+    E[Σ_d w·(Xd)(Xd)ᵀ] = XXᵀ for any linear X: every unit vector (w = 1) for a state of at most
+    ``limit`` values, else ``samples`` seeded standard-normal vectors (w = 1/samples)."""
+    leaves, treedef = jax.tree.flatten(x0)
+    size = sum(leaf.size for leaf in leaves)
+    if size <= limit:
+        basis, weight, kind = np.eye(size), 1.0, "exact"
+    else:
+        basis = np.random.default_rng(seed).standard_normal((samples, size))
+        weight, kind = 1.0 / samples, f"estimated from {samples} random directions"
+    parts, start = [], 0
+    for leaf in leaves:
+        parts.append(jnp.asarray(basis[:, start:start + leaf.size].reshape(
+            -1, *leaf.shape), leaf.dtype))
+        start += leaf.size
+    return jax.tree.unflatten(treedef, parts), weight, kind
+
+
+class CurvatureParts(NamedTuple):
+    """What the covariance is made of, at one θ (vectors and matrices flattened in
+    ``ravel_pytree`` order of ``theta["params"]``): Cov = σ² B⁻¹ M B⁻¹."""
+
+    rss: float  # Σ r², unweighted
+    n_values: int  # observed values that sample the noise (see copied_values)
+    bread: np.ndarray  # B
+    meat: np.ndarray  # M
+    gradient: np.ndarray  # of the fit's loss, penalty included
+    initial_noise: str | None  # how the noise of a copied initial state is included
+
+
+def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureParts:
+    """:class:`CurvatureParts` at ``theta``. M = JᵀA²J, plus
+    (JᵀAJ_x)(JᵀAJ_x)ᵀ where the initial state is a noisy copy of the first frame (J_x: the
+    residuals' response to it, from :func:`initial_directions`). One sweep when the weights
+    are uniform, three otherwise."""
+    weights = misfit_weights(problem, batch)
+    copied = copied_values(problem, theta, batch)
+    n_values = int(sum(float(jnp.sum(w)) for w in batch.observed.weights.values())) - copied
+    directions, weight, kind = (initial_directions(problem.initial_state(theta, batch))
+                                if copied else (None, 0.0, None))
+    flat, unravel = ravel_pytree(theta["params"])
+    k = flat.shape[0]
+    rss, plain_gradient, plain = _gauss_newton_matrix(problem, theta, batch, 0, directions)
+    levels = np.concatenate([np.ravel(w) for w in weights.values()])
+    if np.allclose(levels, levels[0], rtol=1e-12, atol=0.0):
+        a = float(levels[0])
+        gradient, data, squared = a * plain_gradient, a * plain, a * a * plain[:k, :k]
+    else:
+        _, gradient, data = _gauss_newton_matrix(problem, theta, batch, 1, directions)
+        squared = _gauss_newton_matrix(problem, theta, batch, 2)[2]
+    cross = data[:k, k:]
+
+    def penalty(f):
+        return problem.penalty({**theta, "params": unravel(f)})
+
+    bread = data[:k, :k] + 0.5 * np.asarray(jax.hessian(penalty)(flat), np.float64)
+    gradient = gradient + np.asarray(jax.grad(penalty)(flat), np.float64)
+    return CurvatureParts(rss, n_values, bread, squared + weight * cross @ cross.T, gradient,
+                          kind)
+
+
+def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
+    """Eigen-decomposition of ``bread`` scaled to unit diagonal (a zero diagonal, a parameter
+    the data never see, stays zero): (scaling d, eigenvalues, eigenvectors, condition number);
+    B = diag(1/d) · V Λ Vᵀ · diag(1/d)."""
+    diagonal = np.diag(bread).copy()
+    d = np.where(diagonal > 0, 1.0 / np.sqrt(np.where(diagonal > 0, diagonal, 1.0)), 1.0)
+    scaled = d[:, None] * bread * d[None, :]
+    values, vectors = np.linalg.eigh(0.5 * (scaled + scaled.T))
+    low, top = float(values.min()), float(values.max())
+    return d, values, vectors, top / low if low > 0 else math.inf
+
+
+def pseudo_inverse(bread: np.ndarray, rcond: float,
+                   ) -> tuple[np.ndarray, list[np.ndarray], float, np.ndarray]:
+    """(B⁺, near-singular directions as unit vectors, condition number, the relative
+    eigenvalue of each direction); B⁺ leaves out the directions with a relative eigenvalue
+    below ``rcond``."""
+    d, values, vectors, condition = near_singular(bread)
+    top = max(float(values.max()), 0.0)
+    keep = values > rcond * top if top > 0 else np.zeros_like(values, bool)
+    inverse_scaled = (vectors[:, keep] / values[keep]) @ vectors[:, keep].T
+    directions = [vectors[:, i] for i in np.flatnonzero(~keep)]
+    ratios = values[~keep] / top if top > 0 else np.zeros(int((~keep).sum()))
+    return d[:, None] * inverse_scaled * d[None, :], directions, condition, ratios
+
+
+def default_rcond(dtype: Any) -> float:
+    """Relative eigenvalue below which a direction counts as undetermined: 1e-10, or more where
+    the curvature's own rounding (float32) is larger."""
+    return max(1e-10, 1e3 * float(jnp.finfo(dtype).eps))
+
+
+def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quantile: float,
+                        undetermined: Sequence[str], step: np.ndarray | None = None,
+                        ) -> dict[str, dict[str, Any]]:
+    """Per fitted scalar, in physical units: value, std error (delta method), the interval
+    mapped from θ-space, the relative std error, the Gauss–Newton ``step`` (θ-space) to the
+    optimum in std errors and a flag."""
+    flat, unravel = ravel_pytree(theta["params"])
+    index = unravel(jnp.arange(flat.shape[0]))
+    out = {}
+    for name in problem.layout.scalars:
+        spec = problem.layout.specs[name]
+        with jax.enable_x64(True):  # a float32 fit's interval may be narrower than its eps
+            value, slope, ends = mapped(spec, float(theta["params"][name]))
+        row: dict[str, Any] = {"value": value, "std_error": None, "ci95_low": None,
+                               "ci95_high": None, "rel_std_error": None, "to_optimum": None,
+                               "flag": ""}
+        if name in undetermined:
+            row["flag"] = NOT_DETERMINED
+            out[name] = row
+            continue
+        sigma_z = math.sqrt(max(float(cov[int(index[name]), int(index[name])]), 0.0))
+        with jax.enable_x64(True):
+            ends = mapped(spec, float(theta["params"][name]), quantile * sigma_z)[2]
+        std = abs(slope) * sigma_z
+        rel = std / abs(value) if value else None
+        remaining = (None if step is None or sigma_z == 0 else
+                     abs(float(step[int(index[name])])) / sigma_z)
+        flag = POORLY_DETERMINED if rel is not None and rel > 1.0 else ""
+        if not flag and remaining is not None and remaining > STEP_LIMIT:
+            flag = f"{NOT_CONVERGED} ({remaining:.2g} std errors)"
+        row.update(std_error=std, ci95_low=ends[0], ci95_high=ends[1], rel_std_error=rel,
+                   to_optimum=remaining, flag=flag)
+        out[name] = row
+    return out
+
+
+def mapped(spec: Any, z: float, half_width: float = 0.0) -> tuple[float, float, list[float]]:
+    """(p(z), p'(z), sorted [p(z − h), p(z + h)]) through ``spec``'s transform, in float64
+    (call under ``jax.enable_x64``)."""
+    z64 = jnp.asarray(z, jnp.float64)
+    value, slope = jax.jvp(spec.to_physical, (z64,), (jnp.ones_like(z64),))
+    ends = sorted(float(spec.to_physical(z64 + s * half_width)) for s in (-1.0, 1.0))
+    return float(value), float(slope), ends
+
+
+def data_rms(batch: Batch) -> float:
+    """Root mean square of the observed values (every observed field, missing points out)."""
+    total = sum(float(jnp.sum(w * v**2)) for v, w in
+                zip(batch.observed.values.values(), batch.observed.weights.values(), strict=True))
+    count = sum(float(jnp.sum(w)) for w in batch.observed.weights.values())
+    return math.sqrt(total / count) if count else 0.0
+
+
+def at_roundoff(sigma: float, batch: Batch) -> bool:
+    """Whether a residual-estimated noise level ``sigma`` is only the data's float32 rounding."""
+    return sigma <= ROUNDOFF_STEPS * float(np.finfo(np.float32).eps) * data_rms(batch)
+
+
+def known_sigma(noise: Mapping[str, Any] | None) -> float | None:
+    """The noise level a dataset records, where it is the additive noise the covariance
+    assumes (relative noise is not: its variance changes from value to value)."""
+    if not noise or noise.get("kind") != "additive":
+        return None
+    return float(noise["sigma"])
+
+
+def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None = None,
+             rcond: float | None = None, parts: CurvatureParts | None = None,
+             ) -> dict[str, Any]:
+    """The ``uncertainty`` block of summary.json at the optimum ``theta``: noise level and its
+    source, degrees of freedom, condition number, near-singular directions and per fitted
+    scalar its std error and 95 % interval (physical units). ``sigma``: the known noise level
+    (None: estimated from the residual); ``parts``: :func:`curvature_parts` at ``theta``
+    where already computed."""
+    reason = unavailable_reason(problem)
+    if reason is not None:
+        return {"available": False, "reason": reason}
+    flat, unravel = ravel_pytree(theta["params"])
+    rcond = default_rcond(flat.dtype) if rcond is None else rcond
+    parts = curvature_parts(problem, theta, batch) if parts is None else parts
+    p, n_values = int(flat.shape[0]), parts.n_values
+    dof = n_values - p
+    if sigma is None:
+        if dof <= 0:
+            return {"available": False,
+                    "reason": f"{n_values} observed values for {p} parameters"}
+        sigma2, source = parts.rss / dof, "residual"
+        quantile = float(stats.t.ppf(0.5 + LEVEL / 2, dof))
+    else:
+        sigma2, source = sigma**2, "dataset"
+        quantile = float(stats.norm.ppf(0.5 + LEVEL / 2))
+    inverse, directions, condition, ratios = pseudo_inverse(parts.bread, rcond)
+    cov = sigma2 * inverse @ parts.meat @ inverse
+    # The Gauss–Newton step to the optimum: an unconverged fit is that far from the centre.
+    step = -0.5 * inverse @ parts.gradient
+    roundoff = source == "residual" and at_roundoff(math.sqrt(sigma2), batch)
+    names = [None] * p
+    for name, i in unravel(jnp.arange(p)).items():
+        names[int(i)] = name
+    named = [{"relative_eigenvalue": float(r),
+              "parameters": {names[j]: float(v[j]) for j in np.flatnonzero(v**2 >= SHARE)}}
+             for v, r in zip(directions, ratios, strict=True)]
+    undetermined = sorted({n for d in named for n in d["parameters"]})
+    intervals = parameter_intervals(problem, theta, cov, quantile, undetermined,
+                                    None if roundoff else step)
+    return {
+        "available": True, "level": LEVEL, "sigma": math.sqrt(sigma2), "sigma_source": source,
+        "residual_at_roundoff": roundoff, "note": ROUNDOFF_NOTE if roundoff else None,
+        "n_values": n_values, "n_parameters": p, "dof": dof, "rss": parts.rss,
+        "quantile": quantile, "condition_number": condition if math.isfinite(condition)
+        else None, "rcond": rcond, "near_singular_directions": named,
+        "flagged": [n for n, r in intervals.items() if r["flag"]],
+        "parameters": intervals,
+        "covers": "fitted shared scalar parameters only (fitted fields, array and "
+                  "per-experiment parameters are not covered)",
+        "copied_initial_values": copied_values(problem, theta, batch),
+        "initial_state_noise": parts.initial_noise,
+    }
