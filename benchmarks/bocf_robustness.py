@@ -44,7 +44,7 @@ from pdefit.app import cli
 from pdefit.fitting import assemble
 from pdefit.fitting.train import TrainingDivergedError
 
-CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
 def config(overrides: list[str]):

@@ -216,7 +216,7 @@ def test_xarray_reads_every_systems_dataset(tmp_path: Path, system: str) -> None
     from pdefit.model.system import image_origin
 
     overrides, axes = SYSTEM_DATASETS[system]
-    conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         cfg = compose(config_name="fit", overrides=[
             *overrides, "simulate.n_frames=3", "simulate.noise.kind=none"])

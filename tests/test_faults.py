@@ -31,7 +31,7 @@ from pdefit.fitting.train import ResumeMismatchError
 from pdefit.runtime.checkpoint import CheckpointError, CheckpointOptions, CheckpointStore
 from pdefit.runtime.signals import INTERRUPTED_EXIT_CODE, PREEMPTED_EXIT_CODE
 
-CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 HERE = Path(__file__).resolve()
 TINY = ["system.grid.shape=[16,16]", "+system.options.initial=blobs", "simulate.n_frames=5",
         "simulate.steps_per_frame=10", "adjoint=store_all", "run.progress=false",

@@ -19,7 +19,7 @@ from pdefit.fitting import assemble
 from pdefit.model.params import ParameterError
 from pdefit.model.system import UnstableTimeStepError
 
-CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 # A small, fast variant of the default problem (Neumann 20×20, a few frames).
 SMALL = ["system.grid.shape=[20,20]", "+system.options.initial=blobs", "simulate.n_frames=4",

@@ -15,7 +15,7 @@ from pdefit import data as zd
 from pdefit.app import cli, rundir
 from pdefit.fitting import assemble
 
-CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 TINY = ["system.grid.shape=[16,16]", "+system.options.initial=blobs", "simulate.n_frames=5",
         "simulate.steps_per_frame=10", "simulate.frames_per_shard=2", "adjoint=store_all",
         "precision=float32", "fit.params=[k,a]"]

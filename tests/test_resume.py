@@ -36,7 +36,7 @@ from pdefit.runtime import resume
 from pdefit.runtime.checkpoint import CheckpointOptions, CheckpointStore
 from pdefit.runtime.signals import PREEMPTED_EXIT_CODE, Preempted
 
-CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 HERE = Path(__file__).resolve()
 
 # A tiny Aliev–Panfilov problem: 16×16, 5 frames, 40 steps of dt; an optimiser step is a few ms.

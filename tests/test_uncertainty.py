@@ -208,7 +208,7 @@ def test_fit_command_prints_and_writes_intervals(tmp_path, capsys):
 
     from pdefit.app import cli
 
-    conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
     overrides = ["system.grid.shape=[16,16]", "+system.options.initial=blobs",
                  "simulate.n_frames=4", "simulate.steps_per_frame=10",
                  "simulate.noise.kind=additive", f"simulate.noise.sigma={SIGMA}",
@@ -252,7 +252,7 @@ def test_noise_free_fit_is_reported_at_rounding_level(tmp_path, capsys):
     from pdefit.app import cli
     from pdefit.fitting import assemble
 
-    conf = str(Path(cli.__file__).resolve().parent.parent / "conf")
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base="1.3"):
         cfg = compose(config_name="fit", overrides=[
             f"run.dir={tmp_path}", "system.grid.shape=[16,16]", "+system.options.initial=blobs",

@@ -12,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from pdefit.app import cli
 from pdefit.options import ConfigError
 
-CONF = str(Path(cli.__file__).resolve().parent.parent / "conf")
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 TINY = ["system.grid.shape=[16,16]", "+system.options.initial=blobs", "simulate.n_frames=5",
         "simulate.steps_per_frame=10", "adjoint=store_all", "run.progress=false",
         "run.plots=false"]
