@@ -7,9 +7,8 @@ no-flux boundaries, forward Euler with dt = 0.05, float32, the spiral initial st
 ``AlievPanfilov().initial_state(grid, AP96, seed=0)``; u and v observed every 20 steps (the
 initial state included) against reference frames made by one forward run with the AP96
 parameters; an MSE misfit as in :mod:`pdefit.fitting.observe`; the loss is evaluated and
-differentiated
-with respect to the 7 scalar parameters (and, with ``--grad-x0``, the initial field) at a point
-perturbed by a few percent from AP96, so the gradient is not zero.
+differentiated with respect to the 7 scalar parameters (and, with ``--grad-x0``, the initial
+field) at a point perturbed by a few percent from AP96, so the gradient is not zero.
 
 For each pdefit schedule (``StoreAll``, ``Nested(levels)``, ``Revolve(snapshots)``) the loss chain
 is built exactly as :class:`pdefit.fitting.problem.FitProblem` builds it: ``step`` is
@@ -88,7 +87,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.adjoint.revolve import LossChain, Nested, Revolve, StoreAll, revolve_recomputations
+from pdefit.adjoint import LossChain, Nested, Revolve, StoreAll, revolve_recomputations
 from pdefit.fitting.observe import Observation, ObservedData, observed_data
 from pdefit.fitting.problem import FitProblem
 from pdefit.model.params import ParameterLayout

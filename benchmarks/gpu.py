@@ -13,7 +13,7 @@ What it measures
   gradient time over the work its plan cannot avoid (advances × one step + N × one step's
   VJP); ``/nested`` compares the two checkpointing schedules at equal N.
 - ``fit step``: the default fit (Aliev–Panfilov, revolve) run by
-:func:`pdefit.fitting.train.run_fit`
+  :func:`pdefit.fitting.train.run_fit`
   with L-BFGS and with Adam: seconds per optimiser step (the loop's own timestamps, compile
   excluded), loss evaluations per step (from ``metrics.jsonl``'s ``evaluations``, line search
   included), the time of one jitted value-and-gradient, and ``step / evaluations``: the step

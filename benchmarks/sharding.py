@@ -32,7 +32,7 @@ import numpy as np  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from pdefit.adjoint.revolve import LossChain, Revolve  # noqa: E402
+from pdefit.adjoint import LossChain, Revolve  # noqa: E402
 from pdefit.model.system import stepper  # noqa: E402
 from pdefit.numerics.grid import Grid  # noqa: E402
 from pdefit.parallel.domain import AXES, Domain  # noqa: E402

@@ -54,7 +54,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from pdefit.adjoint.revolve import Revolve  # noqa: E402
+from pdefit.adjoint import Revolve  # noqa: E402
 from pdefit.fitting.observe import Observation, observed_data  # noqa: E402
 from pdefit.fitting.problem import Batch, FitProblem  # noqa: E402
 from pdefit.model.params import ParameterLayout  # noqa: E402

@@ -237,7 +237,7 @@ def partial_run(run: Path) -> list[str] | None:
     stages = sorted(run.glob("stage-*/metrics.jsonl"), key=lambda p: int(p.parent.name[6:]))
     if not stages or not (run / "data.zarr").exists():
         return None
-    from pdefit.data.dataset import open_dataset
+    from pdefit.data import open_dataset
 
     truth = open_dataset(run / "data.zarr").meta.true_params
     lines = ["Interrupted run; the best point of each stage it finished:", "",

@@ -12,7 +12,7 @@ hold_early()  # pdefit-fit only: a signal during the imports below is recorded, 
 
 from importlib.metadata import PackageNotFoundError, version  # noqa: E402
 
-from pdefit.adjoint.revolve import (  # noqa: E402
+from pdefit.adjoint import (  # noqa: E402
     LossChain,
     Nested,
     Revolve,

@@ -8,10 +8,12 @@
     result = pdefit.fit(setup, optimizer="lbfgs", steps=50)
     print(result.params, result.relative_errors())
 
-:func:`build_problem` fills in the same config schema the command line uses
-(:mod:`pdefit.app.config`) and hands it to :func:`pdefit.fitting.assemble.build_fit`, so both paths
-run one implementation with the same checks and error messages; :func:`fit` runs the same optimiser
-loop (:func:`pdefit.fitting.train.run_fit`).
+:func:`build_problem` fills in the typed options the command line's config becomes
+(:class:`pdefit.options.FitConfig`, see :mod:`pdefit.app.config`) and hands them to
+:func:`pdefit.fitting.assemble.build_fit`, so both paths run one implementation with the same
+checks and error messages; :func:`fit` runs the same optimiser loop
+(:func:`pdefit.fitting.train.run_fit`) and types its ``discretization_check`` as the command
+line's config types ``fit.discretization_check``.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import contextlib
 import dataclasses
 import logging
 import tempfile
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -30,8 +33,6 @@ from typing import Any
 import jax
 import numpy as np
 import yaml
-from omegaconf import OmegaConf
-from omegaconf.errors import ValidationError
 
 from pdefit import data as zd
 from pdefit.app.validate import validate_discretization_check
@@ -81,19 +82,15 @@ def open_dataset(path: str | PathLike) -> zd.Dataset:
 def build_problem(system: System | str,
                   dataset: zd.Dataset | str | PathLike | Mapping[str, Any], *,
                   fit: Sequence[str], start: Mapping[str, Any] | None = None,
-                  params: Mapping[str, Any] | None = None,
-                  observe: Sequence[str] | None = None,
+                  params: Mapping[str, Any] | None = None, observe: Sequence[str] | None = None,
                   dt: float | None = None, integrator: str | None = None,
-                  frames: Sequence[int] | None = None,
-                  experiments: Sequence[int] | None = None,
+                  frames: Sequence[int] | None = None, experiments: Sequence[int] | None = None,
                   initial_fields: Mapping[str, str] | None = None,
                   perturb: tuple[float, float, int] | None = None,
-                  transforms: Mapping[str, str] | None = None,
-                  stride: int = 1, loss: str = "mse",
-                  snapshots: int | None = 32, adjoint: str = "revolve",
-                  regularization: Mapping[str, Any] | None = None,
-                  precision: str | None = None, grid: Grid | None = None,
-                  frame_interval: float | None = None) -> FitSetup:
+                  transforms: Mapping[str, str] | None = None, stride: int = 1,
+                  loss: str = "mse", snapshots: int | None = 32, adjoint: str = "revolve",
+                  regularization: Mapping[str, Any] | None = None, precision: str | None = None,
+                  grid: Grid | None = None, frame_interval: float | None = None) -> FitSetup:
     """Check ``system`` and ``dataset`` against each other and build the fit of the
     parameters named in ``fit``.
 
@@ -123,45 +120,74 @@ def build_problem(system: System | str,
         system = get_system(system)
     with contextlib.ExitStack() as cleanup:
         if isinstance(dataset, Mapping):
-            if grid is None or dt is None:
-                raise ValueError("frames in memory need grid= and dt=")
-            # Everything is read into arrays while the problem is built; then it goes.
-            tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pdefit-frames-"))
-            dataset = frames_dataset(Path(tmp) / "frames.zarr", system, dataset, grid, dt,
-                                     frame_interval or dt)
+            dataset = _temporary_dataset(cleanup, system, dataset, grid, dt, frame_interval)
         ds = dataset if isinstance(dataset, zd.Dataset) else open_dataset(dataset)
-        meta = ds.meta
         if precision is None:
             precision = "float64" if jax.config.jax_enable_x64 else "float32"
         dtype = assemble.set_precision(precision)
-        if observe is None:
-            observe = [f for f in meta.fields if f in system.fields] or list(meta.fields)
-        # How the dataset was made says how to fit it only when this system made it (a
-        # surrogate fit of another system's data steps its own way).
-        made = ((meta.provenance or {}).get("discretization") or {}
-                if meta.system == system.name else {})
-        if dt is None:
-            dt = meta.dt * int(made.get("dt_factor", 1))
-        if integrator is None:
-            integrator = str(made.get("integrator", "euler"))
         cfg = FitConfig(
-            system=SystemConfig(
-                name=system.name, params=dict(params or {}), dt=float(dt),
-                integrator=integrator,
-                grid=GridConfig(list(meta.grid_shape), list(meta.grid_spacing),
-                                list(meta.boundaries))),
-            data=DataConfig(path=str(ds.path),
-                            frames=None if frames is None else list(frames),
-                            experiments=None if experiments is None else list(experiments)),
-            observe=ObserveConfig(fields=list(observe), stride=stride, loss=loss),
-            fit=FitSpecConfig(params=list(fit), start=dict(start or {}),
-                              perturb=None if perturb is None else PerturbConfig(*perturb),
-                              transforms=dict(transforms or {}),
-                              initial_fields=dict(initial_fields or {})),
+            system=_system_options(system, ds.meta, params, dt, integrator),
+            data=DataConfig(path=str(ds.path), frames=_listed(frames),
+                            experiments=_listed(experiments)),
+            observe=ObserveConfig(fields=_observed_fields(system, ds.meta, observe),
+                                  stride=stride, loss=loss),
+            fit=_fit_spec(fit, start, perturb, transforms, initial_fields),
             adjoint=AdjointConfig(kind=adjoint, snapshots=snapshots),
             regularization=RegularizationConfig(**dict(regularization or {})),
             precision=precision)
         return assemble.build_fit(cfg, Path(ds.path), dtype, system=system)
+
+
+def _temporary_dataset(cleanup: contextlib.ExitStack, system: System,
+                       frames: Mapping[str, Any], grid: Grid | None, dt: float | None,
+                       frame_interval: float | None) -> Path:
+    """Frames in memory written as a dataset in a temporary directory that ``cleanup``
+    removes."""
+    if grid is None or dt is None:
+        raise ValueError("frames in memory need grid= and dt=")
+    # Everything is read into arrays while the problem is built; then it goes.
+    tmp = cleanup.enter_context(tempfile.TemporaryDirectory(prefix="pdefit-frames-"))
+    return frames_dataset(Path(tmp) / "frames.zarr", system, frames, grid, dt,
+                          frame_interval or dt)
+
+
+def _observed_fields(system: System, meta: zd.DatasetMeta, observe: Sequence[str] | None,
+                     ) -> list[str]:
+    """``observe``, by default the system's fields the dataset holds (all of the dataset's
+    when it holds none of them)."""
+    if observe is None:
+        observe = [f for f in meta.fields if f in system.fields] or list(meta.fields)
+    return list(observe)
+
+
+def _system_options(system: System, meta: zd.DatasetMeta, params: Mapping[str, Any] | None,
+                    dt: float | None, integrator: str | None) -> SystemConfig:
+    """The system on the dataset's grid, stepped at ``dt`` with ``integrator``, by default
+    as the dataset was made."""
+    # How the dataset was made says how to fit it only when this system made it (a
+    # surrogate fit of another system's data steps its own way).
+    made = ((meta.provenance or {}).get("discretization") or {}
+            if meta.system == system.name else {})
+    if dt is None:
+        dt = meta.dt * int(made.get("dt_factor", 1))
+    if integrator is None:
+        integrator = str(made.get("integrator", "euler"))
+    return SystemConfig(
+        name=system.name, params=dict(params or {}), dt=float(dt), integrator=integrator,
+        grid=GridConfig(list(meta.grid_shape), list(meta.grid_spacing), list(meta.boundaries)))
+
+
+def _fit_spec(fit: Sequence[str], start: Mapping[str, Any] | None,
+              perturb: tuple[float, float, int] | None, transforms: Mapping[str, str] | None,
+              initial_fields: Mapping[str, str] | None) -> FitSpecConfig:
+    return FitSpecConfig(params=list(fit), start=dict(start or {}),
+                         perturb=None if perturb is None else PerturbConfig(*perturb),
+                         transforms=dict(transforms or {}),
+                         initial_fields=dict(initial_fields or {}))
+
+
+def _listed(indices: Sequence[int] | None) -> list[int] | None:
+    return None if indices is None else list(indices)
 
 
 def frames_dataset(path: str | PathLike, system: System, frames: Mapping[str, Any],
@@ -246,13 +272,7 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     cfg = optimizer_config(optimizer, steps, **options)
     check = None
     if discretization_check is not False:
-        values = {} if discretization_check is True else dict(discretization_check)
-        try:  # typed like the CLI's config: {"parameters": "no"} must not count as true
-            check = OmegaConf.structured(DiscretizationCheckConfig(**values))
-        except TypeError as err:
-            raise ValueError(f"discretization_check: {err}") from None
-        except ValidationError as err:
-            raise ValueError(f"discretization_check.{err.full_key}: {err.msg}") from None
+        check = _discretization_options(discretization_check)
         validate_discretization_check(check, "discretization_check", problem)
     curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)
@@ -286,3 +306,62 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
                      list(history.losses), float(history.best_loss), int(state.step), theta,
                      history, report)
+
+
+def _discretization_options(values: bool | Mapping[str, Any]) -> DiscretizationCheckConfig:
+    """The options of ``discretization_check`` (True: the defaults), each value typed as the
+    command line's config types it: what converts there converts here (``{"parameters":
+    "no"}`` is false, ``{"dt_factor": "4"}`` is 4), anything else is a ValueError naming the
+    key."""
+    values = {} if values is True else dict(values)
+    try:
+        options = DiscretizationCheckConfig(**values)
+    except TypeError as err:
+        raise ValueError(f"discretization_check: {err}") from None
+    types = typing.get_type_hints(DiscretizationCheckConfig)
+    typed = {}
+    for option in dataclasses.fields(options):  # in the config's order, as the CLI checks
+        try:
+            typed[option.name] = _typed(types[option.name], getattr(options, option.name))
+        except ValueError as err:
+            raise ValueError(f"discretization_check.{option.name}: {err}") from None
+    return dataclasses.replace(options, **typed)
+
+
+def _typed(kind: type, value: Any) -> Any:
+    """``value`` as a config field of type ``kind`` (bool, int or float) holds it: a bool
+    from a bool, an int (nonzero: true) or a string saying one (``"yes"``, ``"off"``, ...);
+    an int from an int or a string of one; a float from a float, an int or a string of one
+    (a bool, a NumPy scalar or None is none of these)."""
+    if value is None:
+        raise ValueError(f"Incompatible value 'None' for field of type '{kind.__name__}'")
+    if kind is bool:
+        return _typed_bool(value)
+    accepted = (str, int) if kind is int else (float, str, int)
+    if type(value) in accepted:
+        with contextlib.suppress(ValueError):
+            return kind(value)
+    name = "Integer" if kind is int else "Float"
+    raise ValueError(f"Value '{value}' of type '{_type_name(value)}' could not be converted "
+                     f"to {name}")
+
+
+def _typed_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value != 0
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            return int(value) != 0
+        if value.lower() in ("yes", "y", "on", "true"):
+            return True
+        if value.lower() in ("no", "n", "off", "false"):
+            return False
+    raise ValueError(f"Value '{value}' is not a valid bool (type {_type_name(value)})")
+
+
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else (
+        f"{kind.__module__}.{kind.__qualname__}")

@@ -17,6 +17,12 @@ scales more. The share of the fitted force's mean square in its gradient part is
 Alignments are only determined up to a common offset when the shared force can absorb it
 (rotating every experiment by c and the force by −c changes nothing), so errors are given
 both as they are and after removing their mean.
+
+:func:`evaluate_fit` is the system's ``evaluate_fit`` hook (``SphereNS.evaluate_fit`` delegates
+to it). It builds on the force of :mod:`pdefit.systems.sphere_force`, never on the system
+module, and, being an evaluation, it reads the dataset's truths
+(:mod:`pdefit.data`) and gathers fitted values onto the host
+(:func:`pdefit.parallel.processes.host_array`), which the physics itself never does.
 """
 
 from __future__ import annotations
@@ -29,7 +35,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from pdefit import data as zd
+from pdefit.model.system import SystemEvaluation
 from pdefit.parallel.processes import host_array
+
+from .sphere_force import force_at_times, gradient_part, solenoidal_part
 
 ALIGNMENT = ("force_azimuth", "force_time_shift")
 
@@ -38,8 +47,6 @@ def force_fields(system: Any, grid: Any, nodes: np.ndarray,
                  times: np.ndarray | None = None) -> np.ndarray:
     """(F_θ, F_φ) on the simulation grid at ``times`` (default: the node times),
     (n_times, 2, nlat, nlon)."""
-    from .sphere_ns import force_at_times
-
     node_times = system.force_times(nodes.shape[0])
     return np.asarray(force_at_times(nodes, node_times if times is None else times,
                                      node_times, grid))
@@ -57,8 +64,6 @@ def curls(system: Any, grid: Any, fields: np.ndarray) -> np.ndarray:
 def helmholtz_parts(system: Any, grid: Any, fields: np.ndarray,
                     ) -> tuple[np.ndarray, np.ndarray]:
     """(solenoidal, gradient) parts of fields (..., 2, nlat, nlon), each of that shape."""
-    from .sphere_ns import gradient_part, solenoidal_part
-
     transform = system.transform(grid)
     f = jnp.asarray(fields)
     parts = [np.stack(np.asarray(part(transform, f[..., 0, :, :], f[..., 1, :, :],
@@ -109,6 +114,18 @@ def observed_region(ds: zd.Dataset, fields: Sequence[str], experiments: Sequence
     return region.astype(np.float64)
 
 
+def evaluate_fit(problem: Any, theta: Mapping[str, Any], dataset: Path,
+                 experiments: Sequence[int] | None, out: Path | None, plots: bool,
+                 ) -> SystemEvaluation | None:
+    """The sphere's ``evaluate_fit`` hook (see :mod:`pdefit.model.system`), which
+    :class:`~pdefit.systems.sphere_ns.SphereNS` offers: the recovered force and alignments
+    against the dataset's truths; None unless they were fitted or the dataset has none."""
+    if "force" not in problem.layout.fitted and not problem.layout.per_experiment:
+        return None
+    result = evaluate_force_fit(problem, theta, dataset, experiments, out, plots)
+    return SystemEvaluation({"sphere_force": result}, format_report(result)) if result else None
+
+
 def evaluate_force_fit(problem: Any, theta: Mapping[str, Any], dataset: Path,
                        experiments: Sequence[int] | None = None,
                        out: Path | None = None, plots: bool = False) -> dict[str, Any]:
@@ -116,61 +133,102 @@ def evaluate_force_fit(problem: Any, theta: Mapping[str, Any], dataset: Path,
     errors; empty if the dataset has no such truths or nothing of them was fitted."""
     ds = zd.open_dataset(dataset)
     meta = ds.meta
-    system, grid, layout = problem.system, problem.grid, problem.layout
+    layout = problem.layout
     if experiments is None:
         experiments = list(range(meta.n_experiments))
     physical = {k: host_array(v) for k, v in layout.physical(theta["params"]).items()
                 if k in layout.fitted}
-    result: dict[str, Any] = {}
     truths = meta.true_per_experiment or {}
+    result = alignment_report(layout, physical, truths, experiments)
+    if "force" in layout.fitted and "force" in meta.true_arrays:
+        result["force"] = force_report(problem, ds, physical["force"], experiments,
+                                       out if plots else None)
+    return result
+
+
+def alignment_report(layout: Any, physical: Mapping[str, np.ndarray],
+                     truths: Mapping[str, Any], experiments: Sequence[int],
+                     ) -> dict[str, Any]:
+    """The errors of each per-experiment alignment that was fitted and has a truth."""
+    result: dict[str, Any] = {}
     for name in ALIGNMENT:
         if name in layout.per_experiment and name in truths:
             true = np.asarray(truths[name])[list(experiments)]
             result[name] = alignment_errors(physical[name], true, name == "force_azimuth")
-    if "force" in layout.fitted and "force" in meta.true_arrays:
-        true_nodes = ds.read_true_array("force")
-        fitted_nodes = np.asarray(physical["force"], np.float64)
-        theta_nodes, _ = system.coordinates(grid)
-        area = np.sin(theta_nodes)[:, None] * observed_region(ds, problem.observation.fields,
-                                                              experiments)
-        window = (problem.t0, problem.t0 + problem.n_steps * problem.dt)
-        frame_times = np.asarray(meta.times, np.float64)
-        frame_times = frame_times[(frame_times >= window[0] - 1e-9 * problem.dt)
-                                  & (frame_times <= window[1] + 1e-9 * problem.dt)]
-        true_f = force_fields(system, grid, true_nodes, frame_times)
-        fit_f = force_fields(system, grid, fitted_nodes, frame_times)
-        w = np.broadcast_to(area, true_f.shape)
-        true_solenoidal, _ = helmholtz_parts(system, grid, true_f)
-        fit_solenoidal, fit_gradient = helmholtz_parts(system, grid, fit_f)
-        # At the node times the data reach (with the true shifts, ± one node spacing).
-        times = system.force_times(true_nodes.shape[0])
-        shifts = np.asarray(truths.get("force_time_shift", [0.0]))
-        spacing = (times[1] - times[0]) if len(times) > 1 else np.inf
-        seen = ((times >= window[0] + shifts.min() - spacing)
-                & (times <= window[1] + shifts.max() + spacing))
-        true_at_nodes = force_fields(system, grid, true_nodes)
-        fit_at_nodes = force_fields(system, grid, fitted_nodes)
-        result["force"] = {
-            "correlation": weighted_correlation(fit_f, true_f, w),
-            "solenoidal_correlation": weighted_correlation(fit_solenoidal, true_solenoidal, w),
-            "curl_correlation": weighted_correlation(
-                curls(system, grid, fit_f), curls(system, grid, true_f), w[:, 0]),
-            "gradient_share_fitted": float((w * fit_gradient**2).sum()
-                                           / max((w * fit_f**2).sum(), 1e-300)),
-            "correlation_at_node_times": weighted_correlation(
-                fit_at_nodes, true_at_nodes, area[None, None] * seen[:, None, None, None]),
-            "node_correlation": weighted_correlation(fitted_nodes, true_nodes, 1.0),
-            "rms_true": float(np.sqrt(np.mean(true_f**2))),
-            "rms_fitted": float(np.sqrt(np.mean(fit_f**2))),
-            "frame_times": len(frame_times),
-            "node_times_seen": int(seen.sum()),
-        }
-        if plots and out is not None:
-            plot_force_maps(true_at_nodes, fit_at_nodes, system, grid, times,
-                            out / "force_maps.png")
-            plot_force_hovmoller(true_at_nodes, fit_at_nodes, system, grid, times,
-                                 out / "force_theta_vs_time.png")
     return result
+
+
+def force_report(problem: Any, ds: zd.Dataset, fitted: np.ndarray, experiments: Sequence[int],
+                 plots_to: Path | None) -> dict[str, Any]:
+    """The ``force`` entry of :func:`evaluate_force_fit`: the fitted force against the true
+    one over the observed region, at the frame times of the fitted window and at the node
+    times the data reach; plots in ``plots_to`` (None: no plots)."""
+    system, grid = problem.system, problem.grid
+    true_nodes = ds.read_true_array("force")
+    fitted_nodes = np.asarray(fitted, np.float64)
+    theta_nodes, _ = system.coordinates(grid)
+    area = np.sin(theta_nodes)[:, None] * observed_region(ds, problem.observation.fields,
+                                                          experiments)
+    window = (problem.t0, problem.t0 + problem.n_steps * problem.dt)
+    frame_times = frames_in_window(ds.meta.times, window, problem.dt)
+    true_f = force_fields(system, grid, true_nodes, frame_times)
+    fit_f = force_fields(system, grid, fitted_nodes, frame_times)
+    times = system.force_times(true_nodes.shape[0])
+    seen = node_times_seen(times, window, ds.meta.true_per_experiment or {})
+    true_at_nodes = force_fields(system, grid, true_nodes)
+    fit_at_nodes = force_fields(system, grid, fitted_nodes)
+    report = {
+        **frame_correlations(system, grid, fit_f, true_f, area),
+        "correlation_at_node_times": weighted_correlation(
+            fit_at_nodes, true_at_nodes, area[None, None] * seen[:, None, None, None]),
+        "node_correlation": weighted_correlation(fitted_nodes, true_nodes, 1.0),
+        "rms_true": float(np.sqrt(np.mean(true_f**2))),
+        "rms_fitted": float(np.sqrt(np.mean(fit_f**2))),
+        "frame_times": len(frame_times),
+        "node_times_seen": int(seen.sum()),
+    }
+    if plots_to is not None:
+        plot_force_maps(true_at_nodes, fit_at_nodes, system, grid, times,
+                        plots_to / "force_maps.png")
+        plot_force_hovmoller(true_at_nodes, fit_at_nodes, system, grid, times,
+                             plots_to / "force_theta_vs_time.png")
+    return report
+
+
+def frames_in_window(times: Sequence[float], window: tuple[float, float], dt: float,
+                     ) -> np.ndarray:
+    """The dataset's frame times inside the fitted window (to a tolerance of 1e-9 steps)."""
+    frame_times = np.asarray(times, np.float64)
+    return frame_times[(frame_times >= window[0] - 1e-9 * dt)
+                       & (frame_times <= window[1] + 1e-9 * dt)]
+
+
+def node_times_seen(times: np.ndarray, window: tuple[float, float],
+                    truths: Mapping[str, Any]) -> np.ndarray:
+    """Which force node times the data reach: those in the window moved by the true time
+    shifts, ± one node spacing."""
+    shifts = np.asarray(truths.get("force_time_shift", [0.0]))
+    spacing = (times[1] - times[0]) if len(times) > 1 else np.inf
+    return ((times >= window[0] + shifts.min() - spacing)
+            & (times <= window[1] + shifts.max() + spacing))
+
+
+def frame_correlations(system: Any, grid: Any, fit_f: np.ndarray, true_f: np.ndarray,
+                       area: np.ndarray) -> dict[str, float]:
+    """Correlations of the force fields at the frame times (area-weighted): of the vectors,
+    their solenoidal parts and their curls, and the fitted force's share in its gradient
+    part."""
+    w = np.broadcast_to(area, true_f.shape)
+    true_solenoidal, _ = helmholtz_parts(system, grid, true_f)
+    fit_solenoidal, fit_gradient = helmholtz_parts(system, grid, fit_f)
+    return {
+        "correlation": weighted_correlation(fit_f, true_f, w),
+        "solenoidal_correlation": weighted_correlation(fit_solenoidal, true_solenoidal, w),
+        "curl_correlation": weighted_correlation(
+            curls(system, grid, fit_f), curls(system, grid, true_f), w[:, 0]),
+        "gradient_share_fitted": float((w * fit_gradient**2).sum()
+                                       / max((w * fit_f**2).sum(), 1e-300)),
+    }
 
 
 def format_report(result: Mapping[str, Any]) -> str:

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import yaml
 
-from pdefit.adjoint.revolve import StoreAll
+from pdefit.adjoint import StoreAll
 from pdefit.fitting.observe import Observation, observed_data
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.model.params import ParameterLayout

@@ -12,24 +12,20 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint.revolve import (
-    ADVANCE,
-    RESTORE,
-    REVERSE,
-    STORE,
+from pdefit.adjoint import (
     LossChain,
     Nested,
     Revolve,
     StoreAll,
-    _optimal_split,
     binomial_capacity,
     repetition_number,
     revolve_plan,
     revolve_recomputations,
     revolve_ticks,
     snapshots_for_budget,
+    taylor_test,
 )
-from pdefit.adjoint.taylor import taylor_test
+from pdefit.adjoint.plan import ADVANCE, RESTORE, REVERSE, STORE, _optimal_split
 from tests.helpers import ap_problem
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from hydra import compose, initialize_config_dir
 
 import pdefit
 from pdefit.app.config import register_configs
-from pdefit.data.dataset import DatasetError
+from pdefit.data import DatasetError
 from pdefit.fitting import assemble
 from pdefit.fitting.train import ResumeMismatchError
 

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint.revolve import Revolve, StoreAll
+from pdefit.adjoint import Revolve, StoreAll
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.observe import Observation, observed_data
 from pdefit.fitting.problem import Batch, FitProblem

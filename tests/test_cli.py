@@ -107,7 +107,7 @@ def test_simulate_writes_where_asked_and_overwrites_only_with_consent(tmp_path):
 
     done = command("pdefit-simulate", *args, "simulate.overwrite=true", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    from pdefit.data.dataset import open_dataset
+    from pdefit.data import open_dataset
 
     assert open_dataset(target).meta.n_experiments == 2
     assert not (target / "precious").exists()
@@ -244,7 +244,7 @@ def test_fitted_initial_field_is_compared_with_the_truth(tmp_path, capsys):
     """A fit of the unobserved v(0) reports its error against the dataset's own first frame
     of v (summary.json, the output, initial_fields.png)."""
     from pdefit.app import cli
-    from pdefit.data.dataset import open_dataset
+    from pdefit.data import open_dataset
     from pdefit.fitting import assemble
     from tests.test_fit import SMALL, config
 

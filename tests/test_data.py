@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import zarr
 
-from pdefit.data.dataset import (
+from pdefit.data import (
     FORMAT_VERSION,
     Dataset,
     DatasetError,
@@ -211,7 +211,7 @@ def test_xarray_reads_every_systems_dataset(tmp_path: Path, system: str) -> None
     import jax.numpy as jnp
     from hydra import compose, initialize_config_dir
 
-    from pdefit.app import cli
+    from pdefit.app import cli  # noqa: F401  (registers the config schema with Hydra)
     from pdefit.fitting import assemble
     from pdefit.model.system import image_origin
 

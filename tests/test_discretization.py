@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 from pdefit.api import build_problem
 from pdefit.app import cli
 from pdefit.app.validate import validate_discretization_check, validate_fit
-from pdefit.data.dataset import open_dataset
+from pdefit.data import open_dataset
 from pdefit.fitting import assemble, discretization, uncertainty
 from pdefit.model.system import stepper
 from pdefit.numerics.grid import Grid

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from pdefit.analysis.lyapunov import lyapunov_exponent
 from pdefit.analysis.reports import (
     activation_time_error,
     activation_times,
@@ -19,7 +20,6 @@ from pdefit.analysis.reports import (
     format_error_summary,
     format_percent,
     format_table,
-    lyapunov_exponent,
     parameter_table,
     validity_horizon,
 )
@@ -171,8 +171,8 @@ def test_evaluate_of_an_exact_model_gives_zero_errors(tmp_path):
     rounding), so the forecast is valid over the whole horizon and activation times agree.
     The truth (excited discs on 20²) dies out within it: the validity is reported as running
     into resting truth (tests/test_honest_evaluation.py has a truth that does not)."""
-    from pdefit.analysis.forecast import evaluate_run, format_evaluation
     from pdefit.app.cli import fit
+    from pdefit.app.evaluate import evaluate_run, format_evaluation
 
     run = tmp_path / "run"
     fit(config(run, *SMALL, "precision=float64", "fit.perturb=null", "optim.steps=1"))
@@ -204,8 +204,8 @@ def test_evaluate_forecasts_against_the_refined_truth_the_data_came_from(tmp_pat
     """Data made at dt/4 (`simulate.refine`): the forecast's truth is stepped at dt/4 too, so
     the exact parameters at the fit's dt show their model error instead of a twin's zero; a
     refined grid is refused by name."""
-    from pdefit.analysis.forecast import EvaluationError, evaluate_run
     from pdefit.app.cli import fit
+    from pdefit.app.evaluate import EvaluationError, evaluate_run
 
     run = tmp_path / "run"
     fit(config(run, *SMALL, "precision=float64", "fit.perturb=null", "optim.steps=1",
@@ -220,7 +220,7 @@ def test_evaluate_forecasts_against_the_refined_truth_the_data_came_from(tmp_pat
 
 
 def test_evaluate_refuses_what_it_cannot_do(tmp_path):
-    from pdefit.analysis.forecast import EvaluationError, evaluate_run
+    from pdefit.app.evaluate import EvaluationError, evaluate_run
 
     with pytest.raises(EvaluationError, match=r"config\.yaml"):
         evaluate_run(tmp_path)
@@ -254,7 +254,7 @@ def test_surrogate_fit_reads_only_observed_fields_on_the_model_clock(tmp_path):
     with pytest.raises(assemble.ConfigError, match="not a multiple"):
         bad = config(tmp_path, *SURROGATE, "data.time_scale=10.0")
         assemble.build_fit(bad, _dataset_for(bad, tmp_path, dtype), dtype)
-    from pdefit.data.dataset import DatasetError
+    from pdefit.data import DatasetError
     with pytest.raises(DatasetError, match="made by system 'bocf'"):
         other = config(tmp_path, *SURROGATE, "data.system=null")
         assemble.build_fit(other, _dataset_for(other, tmp_path, dtype), dtype)
@@ -264,7 +264,7 @@ def test_paper_surrogate_configs_validate_and_share_one_truth(tmp_path):
     """experiment=ap_from_bocf is the seed paper's case (50 ms of u, a frame per AP step, AP's
     parameters and both initial fields fitted), bocf_refit_for_ap fits BOCF to the same truth,
     and ap_from_bocf_long still composes; the same-truth check names a differing key."""
-    from pdefit.analysis.forecast import EvaluationError, check_same_truth
+    from pdefit.analysis.truth import EvaluationError, check_same_truth
     from pdefit.app.validate import validate_fit
     from pdefit.fitting import assemble
 
@@ -339,8 +339,8 @@ def test_evaluate_compares_forecasts_of_one_truth(tmp_path):
 
     import yaml
 
-    from pdefit.analysis.forecast import EvaluationError, evaluate_run, format_evaluation
     from pdefit.app.cli import fit
+    from pdefit.app.evaluate import EvaluationError, evaluate_run, format_evaluation
 
     base = [*SMALL, "precision=float64", "optim=adam", "optim.steps=1", "fit.params=[k,a]",
             "fit.uncertainty=false"]
@@ -379,7 +379,7 @@ def test_evaluate_compares_forecasts_of_one_truth(tmp_path):
     with pytest.raises(EvaluationError, match=r"evaluate\.compare: .*simulate\.seed"):
         evaluate_run(exact, [f"evaluate.compare=[{other}]"], log=lambda _: None)
     # Data of another truth under a matching description: the first frames tell.
-    from pdefit.analysis.forecast import check_same_data
+    from pdefit.analysis.truth import check_same_data
     from pdefit.fitting import assemble
 
     check_same_data(exact, rough)  # no error: one truth

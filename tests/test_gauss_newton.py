@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from pdefit.adjoint.revolve import Revolve
+from pdefit.adjoint import Revolve
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.train import run_fit
 from pdefit.options import OptimConfig
@@ -56,7 +56,7 @@ def test_levenberg_marquardt_step_follows_the_learning_rate_scale():
     """After a non-finite point the loop retries from its last good state with lr_scale
     reduced: Levenberg–Marquardt's step must shrink with it (else the retry repeats the
     failed step), and recover after an accepted one."""
-    from pdefit.fitting.train import _damping_state, init_state, make_damped_update
+    from pdefit.fitting.optimisers import _damping_state, init_state, make_damped_update
 
     problem, batch, _, theta_start = ap_problem(shape=(8, 8), n_steps=10)
     update = make_damped_update(problem.loss, gauss_newton(problem))

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from pdefit.analysis.activity import activity_measure, quiescent_from
-from pdefit.analysis.reports import lyapunov_estimate, lyapunov_exponent
+from pdefit.analysis.lyapunov import lyapunov_estimate, lyapunov_exponent
 
 
 def test_active_fraction_declared_or_generic_and_the_onset_of_rest():
@@ -67,8 +67,8 @@ def test_lyapunov_of_a_sharp_threshold_model_agrees_across_time_steps_or_is_unde
     its separations from four twins over 300 ms at dt = 0.05 and 0.025 ms: the estimates
     agree within 25 %, or an estimate is undetermined and says why. (A single-twin fit of
     the same curves gave λ = 0.085–0.23 /ms at dt = 0.05 and 0.068 /ms at 0.025.)"""
-    from pdefit.analysis.forecast import perturbed_twins, unrelated_separation
     from pdefit.analysis.lyapunov import separation_rollout
+    from pdefit.analysis.rollout import perturbed_twins, unrelated_separation
     from pdefit.model.system import stepper
     from pdefit.numerics.grid import Grid
     from pdefit.systems.bocf import BOCF, parameter_values
@@ -112,8 +112,8 @@ def test_evaluate_does_not_flag_a_truth_that_keeps_reentry(tmp_path):
     """Aliev–Panfilov, the model at the truth: an S1–S2 spiral on 48² keeps re-entry over the
     horizon and is not flagged as at rest (the exact-model test in tests/test_evaluate.py has
     a truth that dies out and is)."""
-    from pdefit.analysis.forecast import evaluate_run, format_evaluation
     from pdefit.app.cli import fit
+    from pdefit.app.evaluate import evaluate_run, format_evaluation
 
     run = tmp_path / "spiral"
     fit(config(run, *FIT, "system.grid.shape=[48,48]"))

@@ -12,7 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from pdefit import data as zd
-from pdefit.app import cli, rundir
+from pdefit.app import cli, rundir  # noqa: F401  (cli registers the config schema)
 from pdefit.fitting import assemble
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")

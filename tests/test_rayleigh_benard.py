@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint.revolve import Revolve, StoreAll
+from pdefit.adjoint import Revolve, StoreAll
 from pdefit.adjoint.taylor import taylor_test
 from pdefit.fitting.observe import Observation, observed_data
 from pdefit.fitting.problem import Batch, FitProblem

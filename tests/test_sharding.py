@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from pdefit.adjoint.revolve import Revolve
+from pdefit.adjoint import Revolve
 from pdefit.app import cli
 from pdefit.parallel.domain import Domain
 from tests.helpers import ap_problem

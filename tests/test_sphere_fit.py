@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from pdefit import data as zd
-from pdefit.adjoint.revolve import Revolve
+from pdefit.adjoint import Revolve
 from pdefit.adjoint.taylor import taylor_test
 from pdefit.app import cli
 from pdefit.fitting import assemble

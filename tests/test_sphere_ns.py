@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from scipy.special import factorial, lpmv
 
-from pdefit.adjoint.revolve import LossChain, Revolve, StoreAll
+from pdefit.adjoint import LossChain, Revolve, StoreAll
 from pdefit.adjoint.taylor import taylor_test
 from pdefit.model.system import check_time_step, stepper
 from pdefit.numerics.grid import Grid
@@ -22,8 +22,7 @@ from pdefit.numerics.integrate import simulate
 from pdefit.numerics.spherical import SphericalTransform
 from pdefit.parallel.domain import TileGrid
 from pdefit.systems import get_system
-from pdefit.systems.sphere_ns import (
-    SphereNS,
+from pdefit.systems.sphere_force import (
     area_mean,
     cubic_interpolation_matrix,
     force_at_times,
@@ -33,6 +32,7 @@ from pdefit.systems.sphere_ns import (
     solenoidal_part,
     true_force,
 )
+from pdefit.systems.sphere_ns import SphereNS
 from tests.helpers import configured_system
 
 

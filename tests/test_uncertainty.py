@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from jax.flatten_util import ravel_pytree
 
-from pdefit.adjoint.revolve import StoreAll
+from pdefit.adjoint import StoreAll
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.observe import Observation, observed_data
 from pdefit.fitting.problem import Batch, FitProblem, Regularization

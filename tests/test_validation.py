@@ -80,7 +80,7 @@ def test_checkpoint_every_step_warns(tmp_path):
 
 
 def test_evaluate_horizon_must_be_positive(tmp_path):
-    from pdefit.analysis.forecast import EvaluationError, load_run_config
+    from pdefit.app.evaluate import EvaluationError, load_run_config
 
     (tmp_path / "config.yaml").write_text("run: {plots: false}\n")
     with pytest.raises(EvaluationError, match=r"evaluate.horizon must be a positive number"):

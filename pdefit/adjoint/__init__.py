@@ -2,23 +2,27 @@
 trajectory, with memory set by a snapshot schedule (store-all, nested ``jax.checkpoint``,
 Griewank–Walther revolve), and the Taylor test that checks any gradient.
 
-Owns: ``revolve`` (schedules, plans and executors), ``taylor``. Imports nothing of pdefit: a
-loss chain is three functions of the state, the parameters and the data.
+Owns: ``chain`` (the loss chain and its plain and nested scans), ``schedules`` (the schedules
+and the snapshot budget), ``plan`` (the revolve plan and the tables its executors run),
+``revolve`` (the revolve executors), ``taylor``. Imports nothing of pdefit: a loss chain is
+three functions of the state, the parameters and the data.
 """
 
-from pdefit.adjoint.revolve import (
-    REVOLVE_EXECUTORS,
-    LossChain,
-    Nested,
-    Revolve,
+from pdefit.adjoint.chain import LossChain
+from pdefit.adjoint.plan import (
     RevolvePlan,
-    Schedule,
-    StoreAll,
     binomial_capacity,
     repetition_number,
     revolve_plan,
     revolve_recomputations,
     revolve_ticks,
+)
+from pdefit.adjoint.schedules import (
+    REVOLVE_EXECUTORS,
+    Nested,
+    Revolve,
+    Schedule,
+    StoreAll,
     snapshots_for_budget,
 )
 from pdefit.adjoint.taylor import random_direction, taylor_test

@@ -1,4 +1,6 @@
-"""Reports of a finished fit: recovered-vs-true table, JSON summary and plots."""
+"""Reports of a finished fit: recovered-vs-true table, JSON summary and plots; the metrics,
+plots and printed summary of its forecast (``pdefit-evaluate``) and the line on a Lyapunov
+estimate."""
 
 from __future__ import annotations
 
@@ -263,130 +265,6 @@ def activation_time_error(truth: np.ndarray, model: np.ndarray, times: np.ndarra
             "overall": float(error.mean()) if error.size else float("nan")}
 
 
-MIN_POINTS = 5  # frames in a fitted stretch
-MIN_GROWTH = float(np.log(10.0))  # a fitted stretch spans at least a tenfold growth
-MIN_R2 = 0.95  # and is that close to a straight line in log d
-# and, cut into JUMP_BLOCKS equal blocks, its largest rises (those of JUMP_SHARE of the
-# blocks) make at most MAX_JUMP of its growth
-JUMP_BLOCKS = 20
-JUMP_SHARE = 0.1
-MAX_JUMP = 0.25
-MAX_CANDIDATES = 5000  # stretches checked for jumps, largest growth first
-MAX_FIT_POINTS = 1500  # longer curves are thinned to this many frames for the search
-CEILING = 0.1  # separations above this × the saturation level are not fitted
-
-
-def lyapunov_exponent(times: np.ndarray, separation: np.ndarray,
-                      saturation: float | None = None) -> dict[str, Any]:
-    """The maximal Lyapunov exponent from the separation d(t) of two nearby trajectories: the
-    least-squares slope of log d over the stretch where d grows smoothly and exponentially.
-
-    Candidates are the stretches before d first passes ``CEILING`` × its saturation level
-    (``saturation``, e.g. the separation of unrelated states; else the median of d's last
-    fifth) of at least ``MIN_POINTS`` frames where log d grows by at least ``MIN_GROWTH``
-    (tenfold), fits a line with R² ≥ ``MIN_R2``, and does not grow by jumps: cut into
-    ``JUMP_BLOCKS`` (20) blocks of frames (single frames in shorter stretches), the largest
-    rises — those of a tenth of the blocks — make at most a quarter (``MAX_JUMP``) of its
-    growth. Exponential growth rises alike in every block (blocks, not frames, so that noise
-    from frame to frame does not count); a model with sharp thresholds separates by jumps (a
-    cell crossing a threshold one step earlier), and a line through a staircase of a few of
-    them fits its trend well. Of these stretches, the one with the largest growth is
-    fitted. ``exponent`` is None, with the ``reason``, when there is none."""
-    times = np.asarray(times, dtype=np.float64)
-    d = np.asarray(separation, dtype=np.float64)
-    none = {"exponent": None, "fit_start": None, "fit_end": None, "r2": None, "growth": None}
-    ok = np.isfinite(d) & (d > 0)
-    if ok.sum() < MIN_POINTS:
-        return {**none, "reason": "fewer than five frames with a finite, nonzero separation"}
-    if saturation is None:
-        tail = d[int(0.8 * d.size):]
-        tail = tail[np.isfinite(tail)]
-        saturation = float(np.median(tail)) if tail.size else np.inf
-    above = np.flatnonzero(ok & (d > CEILING * saturation))
-    end = int(above[0]) if above.size else d.size
-    index = np.arange(end)[ok[:end]]
-    if index.size > MAX_FIT_POINTS:
-        index = index[np.linspace(0, index.size - 1, MAX_FIT_POINTS).round().astype(int)]
-    if index.size < MIN_POINTS:
-        return {**none, "reason": "the separation saturates before it can be fitted"}
-    t, y = times[index], np.log(d[index])
-    # Least squares of every stretch [a, b] at once, from prefix sums.
-    def prefix(x):
-        return np.concatenate([[0.0], np.cumsum(x)])
-    s1, st, sy, stt, syy, sty = (prefix(np.ones_like(t)), prefix(t), prefix(y), prefix(t * t),
-                                 prefix(y * y), prefix(t * y))
-    a, b = np.triu_indices(t.size, MIN_POINTS - 1)
-    n = s1[b + 1] - s1[a]
-    mt, my = (st[b + 1] - st[a]) / n, (sy[b + 1] - sy[a]) / n
-    ctt = (stt[b + 1] - stt[a]) / n - mt * mt
-    cyy = (syy[b + 1] - syy[a]) / n - my * my
-    cty = (sty[b + 1] - sty[a]) / n - mt * my
-    with np.errstate(invalid="ignore", divide="ignore"):
-        slope = cty / ctt
-        r2 = cty * cty / (ctt * cyy)
-    growth = slope * (t[b] - t[a])
-    linear = np.flatnonzero((slope > 0) & (r2 >= MIN_R2) & (growth >= MIN_GROWTH))
-    if linear.size == 0:
-        return {**none, "reason": "no stretch of tenfold exponential growth before saturation"}
-    pick = None
-    for candidate in linear[np.argsort(-growth[linear])][:MAX_CANDIDATES]:
-        first, last = a[candidate], b[candidate]
-        lag = max(1, (last - first) // JUMP_BLOCKS)
-        rises = np.sort(np.diff(y[first:last + 1:lag]))
-        top = rises[-max(1, round(JUMP_SHARE * rises.size)):]
-        if top.sum() <= MAX_JUMP * growth[candidate]:
-            pick = candidate
-            break
-    if pick is None:
-        return {**none, "reason": "the separation grows by jumps (threshold crossings), "
-                                  "not smoothly"}
-    return {"exponent": float(slope[pick]), "fit_start": float(t[a[pick]]),
-            "fit_end": float(t[b[pick]]), "r2": float(r2[pick]), "growth": float(growth[pick]),
-            "reason": None}
-
-
-MAX_SPREAD = 0.25  # directions whose exponents differ by more than this leave λ undetermined
-
-
-def lyapunov_estimate(times: np.ndarray, separations: np.ndarray,
-                      saturation: float | None = None, max_spread: float = MAX_SPREAD,
-                      ) -> dict[str, Any]:
-    """The maximal Lyapunov exponent from several twins: ``separations`` is (n_frames,
-    n_directions), each column the separation of one perturbation direction from the truth,
-    fitted by :func:`lyapunov_exponent`. ``exponent`` is the median over the directions and
-    ``spread`` (max − min) / median; the exponent is None ("undetermined", with the
-    ``reason``) unless most directions grow smoothly and their exponents differ by at most
-    ``max_spread``. ``lyapunov_time`` is 1/λ with its range."""
-    d = np.asarray(separations, dtype=np.float64)
-    d = d[:, None] if d.ndim == 1 else d
-    fits = [lyapunov_exponent(times, d[:, i], saturation) for i in range(d.shape[1])]
-    rates = np.array([f["exponent"] for f in fits if f["exponent"] is not None])
-    result: dict[str, Any] = {
-        "exponent": None, "exponent_min": None, "exponent_max": None, "spread": None,
-        "lyapunov_time": None, "lyapunov_time_min": None, "lyapunov_time_max": None,
-        "fit_start": None, "fit_end": None, "directions": fits, "reason": None}
-    if 2 * rates.size <= d.shape[1]:
-        reasons = sorted({f["reason"] for f in fits if f["reason"]})
-        result["reason"] = (f"only {rates.size} of {d.shape[1]} perturbation directions grow "
-                            f"smoothly ({'; '.join(reasons)})")
-        return result
-    median = float(np.median(rates))
-    spread = float((rates.max() - rates.min()) / abs(median))
-    result.update(exponent_min=float(rates.min()), exponent_max=float(rates.max()),
-                  spread=spread,
-                  fit_start=float(np.median([f["fit_start"] for f in fits if f["exponent"]])),
-                  fit_end=float(np.median([f["fit_end"] for f in fits if f["exponent"]])))
-    if spread > max_spread:
-        result["reason"] = (f"the perturbation directions disagree: λ from {rates.min():.4g} "
-                            f"to {rates.max():.4g} (spread {spread:.0%} > {max_spread:.0%})")
-        return result
-    result["exponent"] = median
-    if rates.min() > 0:
-        result.update(lyapunov_time=1.0 / median, lyapunov_time_min=1.0 / rates.max(),
-                      lyapunov_time_max=1.0 / rates.min())
-    return result
-
-
 def format_lyapunov(fit: Mapping[str, Any], unit: str = "") -> str:
     """One line on :func:`lyapunov_estimate`'s result: λ with its range over the directions
     and the Lyapunov time, or "undetermined" and why."""
@@ -398,6 +276,66 @@ def format_lyapunov(fit: Mapping[str, Any], unit: str = "") -> str:
             f"{len(fit['directions'])} directions, spread {fit['spread']:.0%}); Lyapunov time "
             f"{fit['lyapunov_time']:.4g}{unit} ({fit['lyapunov_time_min']:.4g}–"
             f"{fit['lyapunov_time_max']:.4g})")
+
+
+def format_evaluation(result: Mapping[str, Any]) -> str:
+    unit = result.get("time_unit", "")
+    unit = "" if unit in ("", "1") else f" {unit}"
+    lines = [f"training window {result['training_window'][0]:g}–{result['training_window'][1]:g}"
+             f"{unit}, forecast over {result['horizon']:g}{unit} (frames every "
+             f"{result['frame_interval']:g})"]
+    lam = result["lyapunov_exponent"]
+    lyapunov = format_lyapunov(result["lyapunov_fit"], unit)
+    if lam is not None:
+        lyapunov += (f"; training window = {result['training_window_lyapunov_times']:.3g} "
+                     "Lyapunov times")
+    lines.append(lyapunov)
+    if result["truth_quiescent_from"] is None:
+        lines.append(f"truth active ({result['active_measure']}) on ≥ "
+                     f"{result['truth_active_fraction_min']:.1%} of the points at every frame")
+    else:
+        lines.append(f"the truth is at rest ({result['active_measure']} on fewer than "
+                     f"{result['min_active_fraction']:.0%} of the points) from t = "
+                     f"{result['truth_quiescent_from']:g}{unit}")
+    lines.append(_format_validity(result, unit))
+    if result["activation_time_error_mean"] is not None:
+        lines.append(f"mean activation-time error {result['activation_time_error_mean']:.4g}"
+                     f"{unit} "
+                     f"({result['activation_time_missed']} truth activations unmatched)")
+    final = {f: values[-1] for f, values in result["curves"]["mae"].items()}
+    lines.append("MAE at the horizon: " + ", ".join(f"{f} {v:.3g}" for f, v in final.items()))
+    if result.get("parameter_mean_rel_error") is not None:
+        lines.append(f"parameters: mean |rel. deviation| "
+                     f"{format_percent(result['parameter_mean_rel_error'])}, median "
+                     f"{format_percent(result['parameter_median_rel_error'])}")
+    return "\n".join(lines + _format_comparison(result, unit))
+
+
+def _format_validity(result: Mapping[str, Any], unit: str) -> str:
+    valid = (f"forecast valid for {result['valid_for']:g}{unit} (normalised MAE ≤ "
+             f"{result['threshold']})")
+    if result["lyapunov_exponent"] is not None:
+        valid += f" = {result['valid_for_lyapunov_times']:.3g} Lyapunov times"
+    if result["forecast_runs_into_rest"]:
+        valid = (f"forecast valid until t = {result['training_window'][0] + result['valid_for']:g}"
+                 f"{unit}, but the truth is at rest from t = {result['truth_quiescent_from']:g}"
+                 f"{unit}: valid while active for {result['valid_while_active']:g}{unit} only")
+    return valid
+
+
+def _format_comparison(result: Mapping[str, Any], unit: str) -> list[str]:
+    comparison = result.get("comparison")
+    if not comparison:
+        return []
+    lines = [f"compared on {', '.join(comparison['fields'])} (normalised MAE ≤ "
+             f"{comparison['threshold']}):"]
+    for run in comparison["runs"]:
+        whole = run["valid_for"] >= result["curves"]["time"][-1] - result["curves"]["time"][0]
+        lines.append(f"  {run['label']}: valid for {run['valid_for']:g}{unit}"
+                     + (" (the whole horizon)" if whole else "")
+                     + f" from the training window's start (window "
+                     f"{run['training_window'][0]:g}–{run['training_window'][1]:g}{unit})")
+    return lines
 
 
 def plot_activity(times: np.ndarray, fraction: np.ndarray, minimum: float,

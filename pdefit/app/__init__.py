@@ -1,5 +1,6 @@
 """The application: the Hydra command lines (``pdefit-fit``, ``-simulate``, ``-gradcheck``,
-``-rank``, ``-evaluate``, ``-lyapunov``, ``-sweep-summary``), the one place a ``DictConfig``
+``-rank``, ``-evaluate``, ``-lyapunov``, ``-sweep-summary``; what a finished fit reports is
+``fit_report``), the one place a ``DictConfig``
 becomes typed options (``config``), validation of a whole config before any work
 (``validate``), run directories and their locks and records (``rundir``), job-array batches
 (``batch``) and sweep summaries (``sweep``).

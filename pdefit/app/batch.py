@@ -23,6 +23,7 @@ import jax
 
 from pdefit import data as zd
 from pdefit.fitting import assemble
+from pdefit.options import SimulateMainConfig
 
 
 def experiments_of(task: int, tasks: int, n_experiments: int) -> range:
@@ -57,7 +58,7 @@ def _same_dataset(path: Path, meta: zd.DatasetMeta, frames_per_shard: int) -> bo
             and layout == zd.plan_shards(meta.n_experiments, meta.n_frames, frames_per_shard))
 
 
-def simulate_share(cfg: Any, path: Path, dtype: Any, task: int, tasks: int,
+def simulate_share(cfg: SimulateMainConfig, path: Path, dtype: Any, task: int, tasks: int,
                    log: Callable[[str], None] = print) -> range:
     """Array task ``task`` of ``tasks``: create the dataset if needed, then simulate and write
     this task's experiments. Returns them."""

@@ -1,67 +1,49 @@
 """Console entry points (Hydra): ``pdefit-simulate``, ``pdefit-fit``, ``pdefit-gradcheck``,
-``pdefit-rank`` (``pdefit-evaluate`` is in :mod:`pdefit.analysis.forecast`).
+``pdefit-rank`` (``pdefit-evaluate`` is in :mod:`pdefit.app.evaluate`).
 
 Configs live in the repository's ``conf/`` directory; every value can be overridden on the
-command line (``pdefit-fit optim.lr=0.01 adjoint=store_all``) and swept with ``-m``.
+command line (``pdefit-fit optim.lr=0.01 adjoint=store_all``) and swept with ``-m``. Each
+entry point turns its composed config into typed options once (:mod:`pdefit.app.config`) and
+hands those on. Here too: the fit command's start-up and its stages; what a finished fit
+reports is :mod:`pdefit.app.fit_report`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import hydra
 import jax
-import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from pdefit import data as zd
 from pdefit import parallel
 from pdefit.adjoint.taylor import taylor_test
-from pdefit.analysis.reports import (
-    describe_loss,
-    error_summary,
-    format_error_summary,
-    format_table,
-    parameter_table,
-    plot_fields,
-    plot_loss,
-)
-from pdefit.app import batch
-from pdefit.app.config import CONF_DIR, register_configs
+from pdefit.app import batch, fit_report
+from pdefit.app.config import CONF_DIR, as_options, register_configs, to_options, to_yaml
+from pdefit.app.fit_report import StagedFit
 from pdefit.app.rundir import (
     open_run_record,
     output_dir,
     plain_config,
+    refuse_mismatched_resume,
     register_resolvers,
     simulated_dataset,
 )
 from pdefit.app.validate import check_hold_counts, validate_discretization_check, validate_fit
-from pdefit.fitting import assemble, discretization
+from pdefit.fitting import assemble
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
 from pdefit.fitting.gauss_newton import gauss_newton
-from pdefit.fitting.initial_fields import evaluate_initial_fields, format_errors
 from pdefit.fitting.ranking import format_ranking, rank_parameters, write_ranking
-from pdefit.fitting.train import LEVENBERG_MARQUARDT, resume_mismatch, run_fit
-from pdefit.fitting.uncertainty import (
-    CurvatureParts,
-    curvature_parts,
-    known_sigma,
-    unavailable_reason,
-)
-from pdefit.fitting.uncertainty import estimate as estimate_uncertainty
-from pdefit.model.system import field_attrs, image_origin, stepper, time_unit
-from pdefit.numerics.integrate import simulate
-from pdefit.runtime.checkpoint import (
-    CHECKPOINT_DIR,
-    CheckpointOptions,
-    write_json_atomic,
-    write_text_atomic,
-)
+from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, TrainState, run_fit
+from pdefit.options import FitConfig, SimulateMainConfig
+from pdefit.runtime.checkpoint import CHECKPOINT_DIR, CheckpointOptions, write_text_atomic
 from pdefit.runtime.progress import ProgressOptions
 from pdefit.runtime.signals import FIT_SIGNALS, PreemptionFlag, signal_name
 
@@ -70,13 +52,13 @@ register_configs()
 register_resolvers()
 
 
-def _start_processes(cfg: DictConfig) -> None:
+def _start_processes(cfg: FitConfig | SimulateMainConfig) -> None:
     """Join the other processes of a multi-process run (a no-op for one process)."""
     dist = cfg.distributed
     parallel.initialize(dist.coordinator, dist.num_processes, dist.process_id)
 
 
-def _dataset_for(cfg: DictConfig, out: Path, dtype: Any) -> Path:
+def _dataset_for(cfg: FitConfig, out: Path, dtype: Any) -> Path:
     if cfg.data.path:
         return Path(hydra.utils.to_absolute_path(cfg.data.path))
     log.info("no data.path given: the run simulates its own dataset")
@@ -88,8 +70,8 @@ def _dataset_for(cfg: DictConfig, out: Path, dtype: Any) -> Path:
     return simulated_dataset(cfg, out / "data.zarr", simulate_into)
 
 
-def _log_simulation_start(cfg: DictConfig) -> None:
-    sim, system = cfg.simulate, cfg.simulate.get("system") or cfg.system
+def _log_simulation_start(cfg: FitConfig | SimulateMainConfig) -> None:
+    sim, system = cfg.simulate, cfg.simulate.system or cfg.system
     log.info(f"simulating {sim.n_experiments} experiment(s) of {system.name} on "
              f"{list(system.grid.shape)}: {sim.n_frames} frames × {sim.steps_per_frame} steps "
              f"of dt={system.dt}…")
@@ -114,6 +96,12 @@ def simulate_main(cfg: DictConfig) -> None:
     Example:
       pdefit-simulate simulate.output=ap.zarr simulate.n_experiments=4
       pdefit-fit data=zarr data.path=ap.zarr"""
+    simulate(to_options(cfg, SimulateMainConfig))
+
+
+def simulate(cfg: SimulateMainConfig) -> None:
+    """Write the dataset ``pdefit-simulate`` describes: this task's share of a job array, or
+    all of it, replacing an existing one only with ``simulate.overwrite``."""
     dtype = assemble.set_precision(cfg.precision)
     _start_processes(cfg)
     path = Path(hydra.utils.to_absolute_path(cfg.simulate.output))
@@ -137,7 +125,7 @@ def simulate_main(cfg: DictConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def window_stages(cfg: DictConfig, n_frames: int) -> list[list[int] | None]:
+def window_stages(cfg: FitConfig, n_frames: int) -> list[list[int] | None]:
     """The training windows of a staged fit: ``fit.stages`` lists how many of the used frames
     each stage sees (increasing); the last stage always sees them all. Without stages: one
     stage on ``data.frames`` as configured (``None``)."""
@@ -153,7 +141,7 @@ def window_stages(cfg: DictConfig, n_frames: int) -> list[list[int] | None]:
     return [frames[:k] for k in counts]
 
 
-def stage_holds(cfg: DictConfig, n_stages: int) -> list[frozenset[str]]:
+def stage_holds(cfg: FitConfig, n_stages: int) -> list[frozenset[str]]:
     """The parameters each of ``n_stages`` stages holds at their values (``fit.hold``: name
     -> how many leading stages hold it). Every held parameter must be fitted in the last
     stage."""
@@ -163,8 +151,20 @@ def stage_holds(cfg: DictConfig, n_stages: int) -> list[frozenset[str]]:
             for index in range(n_stages)]
 
 
-def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, Any]:
-    """Run one fit described by ``cfg``; return the summary (also written to summary.json).
+class FitRun(NamedTuple):
+    """A fit's run directory and data, ready for its stages."""
+
+    out: Path
+    dataset: Path
+    dtype: Any
+    windows: list[list[int] | None]  # each stage's training frames (None: data.frames)
+    holds: list[frozenset[str]]  # each stage's held parameters
+    lead: bool  # the process that writes the shared run directory's files
+
+
+def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, Any]:
+    """Run one fit described by ``cfg`` (typed options; a composed config is converted
+    first); return the summary (also written to summary.json).
 
     With ``fit.stages`` the training window grows stage by stage, each stage starting from the
     previous one's best θ: a long window of a chaotic system has many local minima far from
@@ -175,175 +175,89 @@ def fit(cfg: DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, 
     ``preemption`` (installed by ``fit_main`` for the whole process) is checked between the
     start-up phases, where stopping leaves nothing half-written, and handed to the optimiser
     loop, which checkpoints; a signal during the end phase lets it finish."""
-    dtype = assemble.set_precision(cfg.precision)
-    _start_processes(cfg)  # first: the validation may use JAX, which must not start before
-    validate_fit(cfg, log=log.warning)  # before anything is written or compiled
-
-    def stop_if_signalled(what: str) -> None:
-        if preemption is not None:
-            preemption.stop_if_requested(what, log.warning)
-
-    stop_if_signalled("during start-up")
-    out = output_dir(cfg)
-    _refuse_mismatched_resume(cfg, out)  # before the run directory is touched
-    open_run_record(out, cfg)
-    dataset = _dataset_for(cfg, out, dtype)
-    stop_if_signalled("after the dataset was made")
-    stages = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
-    holds = stage_holds(cfg, len(stages))
-    lead = jax.process_index() == 0  # one process writes the shared run directory's files
-    if lead:
-        write_text_atomic(out / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    theta, losses, wall, first, stage_steps = None, [], 0.0, None, []
-    restarts, nan_failures = 0, 0
-    for index, frames in enumerate(stages):
-        stage_cfg = cfg
-        if frames is not None:
-            stage_cfg = cfg.copy()
-            OmegaConf.update(stage_cfg, "data.frames", frames)
-        setup = assemble.build_fit(stage_cfg, dataset, dtype)
-        if first is None:  # before anything is compiled
-            validate_discretization_check(cfg.fit.discretization_check, problem=setup.problem)
-            first = setup
-        stop_if_signalled("before training" if index == 0 else f"before stage {index + 1}")
-        stage_out = out if len(stages) == 1 else out / f"stage-{index}"
-        stage_out.mkdir(parents=True, exist_ok=True)
-        state, history = _fit_stage(stage_cfg, setup, stage_out, theta, stages, index,
-                                    preemption, holds[index])
-        theta = history.best_theta
-        stage_steps.append(int(state.step))
-        # Every stage with a checkpoint restores it when the run starts again, so the run's
-        # restarts are the most of any stage; its non-finite steps are all stages'.
-        restarts = max(restarts, history.restarts)
-        nan_failures += history.nan_failures
-        losses += history.losses
-        wall += history.wall_time
-        if len(stages) > 1:
-            log.info(f"stage {index + 1}/{len(stages)} ({len(frames)} frames, "
-                     f"{setup.problem.n_steps} steps): loss {history.losses[0]:.3e} → "
-                     f"{history.best_loss:.3e}")
-    problem = setup.problem
-    physical = {k: v for k, v in problem.physical_params(theta).items()
-                if k in problem.layout.fitted}
-    save_fitted(out / FITTED_FILE, theta, physical)  # for pdefit-evaluate and fit.start_from
-    recovered = {k: float(v) for k, v in problem.scalar_values(theta).items()}
-    uncertainty, curvature = _uncertainty(cfg, setup, theta, dataset)
-    rows = parameter_table(problem.layout.scalars, first.start_values, recovered,
-                           setup.reference,
-                           {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
-                           uncertainty.get("parameters"))
-    summary = {
-        "system": problem.system.name, "grid": list(problem.grid.shape),
-        "n_steps": problem.n_steps, "schedule": str(problem.schedule),
-        "stages": [None if f is None else len(f) for f in stages],
-        # All stages' steps (each stage counts its own from 0), and each stage's.
-        "optimizer_steps": sum(stage_steps), "optimizer_steps_per_stage": stage_steps,
-        "stop_reason": history.stop_reason,
-        "final_loss": history.losses[-1],
-        "best_loss": history.best_loss, "initial_loss": losses[0],
-        "wall_time_s": wall, "nan_failures": nan_failures, "restarts": restarts,
-        "parameters": rows, **error_summary(rows), "uncertainty": uncertainty,
-    }
-    summary["discretization_check"] = _discretization_check(cfg, setup, theta, curvature)
-    uncertainty = summary["uncertainty"] = discretization.mark_intervals(
-        uncertainty, summary["discretization_check"])
-    summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
-    summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
-    if lead:
-        write_json_atomic(out / "summary.json", summary)
-    if rows:
-        print(format_table(rows))
-    if uncertainty.get("note"):
-        print(f"parameter intervals: {uncertainty['note']}")
-    if summary["mean_rel_error"] is not None:
-        print(f"{format_error_summary(summary)}  (loss {losses[0]:.3e} → "
-              f"{history.best_loss:.3e}, {wall:.1f} s)")
-    if "message" in summary["discretization_check"]:
-        print(discretization.format_check(summary["discretization_check"]))
-    if cfg.run.plots and lead:
-        plot_loss(losses, out / "loss.png", _loss_description(problem))
-        if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
-            _plot_prediction(problem, setup, theta, out / "fields.png")
-    log.info(f"outputs in {out}")
+    cfg = as_options(cfg)
+    run = _prepare_fit(cfg, preemption)
+    staged = _run_stages(cfg, run, preemption)
+    _save_fitted(run.out, staged)
+    summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead)
+    fit_report.print_report(summary, staged)
+    if cfg.run.plots and run.lead:
+        fit_report.plot(staged, run.out)
+    log.info(f"outputs in {run.out}")
     if preemption is not None and preemption.requested:
         log.warning(f"{signal_name(preemption.signum)} arrived after the last step: the fit "
                     "and its outputs are complete, exiting normally")
     return summary
 
 
-def _has_checkpoints(out: Path) -> bool:
-    directories = [out / CHECKPOINT_DIR, *out.glob(f"stage-*/{CHECKPOINT_DIR}")]
-    return any(p.name.isdigit() for d in directories if d.is_dir() for p in d.iterdir())
+def _stop_if_signalled(preemption: PreemptionFlag | None, what: str) -> None:
+    if preemption is not None:
+        preemption.stop_if_requested(what, log.warning)
 
 
-def _refuse_mismatched_resume(cfg: DictConfig, out: Path) -> None:
-    """A run directory with checkpoints is resumed only with the config it was made with
-    (up to driving and stopping keys): compared here, before its dataset, config.yaml or
-    checkpoints are touched. The checkpoints' own configs are checked again on restore."""
-    saved_path = out / "config.yaml"
-    if not cfg.run.resume or not saved_path.exists() or not _has_checkpoints(out):
-        return
-    try:
-        saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
-    except Exception:  # an unreadable or foreign config.yaml: the restore's check decides
-        return
-    error = resume_mismatch(saved, plain_config(cfg), out)  # type: ignore[arg-type]
-    if error is not None:
-        raise error
+def _prepare_fit(cfg: FitConfig, preemption: PreemptionFlag | None) -> FitRun:
+    """The fit's start-up: validate, take the run directory (refusing a resume with another
+    config before touching it), make or open the dataset, and write config.yaml."""
+    dtype = assemble.set_precision(cfg.precision)
+    _start_processes(cfg)  # first: the validation may use JAX, which must not start before
+    validate_fit(cfg, log=log.warning)  # before anything is written or compiled
+    _stop_if_signalled(preemption, "during start-up")
+    out = output_dir(cfg)
+    refuse_mismatched_resume(cfg, out)  # before the run directory is touched
+    open_run_record(out, cfg)
+    dataset = _dataset_for(cfg, out, dtype)
+    _stop_if_signalled(preemption, "after the dataset was made")
+    windows = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
+    holds = stage_holds(cfg, len(windows))
+    lead = jax.process_index() == 0  # one process writes the shared run directory's files
+    if lead:
+        write_text_atomic(out / "config.yaml", to_yaml(cfg))
+    return FitRun(out, dataset, dtype, windows, holds, lead)
 
 
-def _uncertainty(cfg: DictConfig, setup: Any, theta: Any, dataset: Path,
-                 ) -> tuple[dict[str, Any], CurvatureParts | None]:
-    """Standard errors and intervals of the fitted scalars (pdefit.fitting.uncertainty) on the last
-    stage's window, with the dataset's additive noise level when it records one and the data
-    come from the fitted system; the reason where there are none. Also the curvature they
-    come from (None without them), which the discretization check reuses."""
-    if not cfg.fit.uncertainty:
-        return {"available": False, "reason": "fit.uncertainty=false"}, None
-    reason = unavailable_reason(setup.problem)
-    if reason is not None:
-        log.info(f"no parameter intervals: {reason}")
-        return {"available": False, "reason": reason}, None
-    log.info("parameter intervals: one forward-tangent sweep over the training window…")
-    noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
-    parts = curvature_parts(setup.problem, theta, setup.batch)
-    return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise),
-                                parts=parts), parts
+def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) -> StagedFit:
+    """The optimiser on each training window in turn, each stage from the previous one's
+    best θ, checkpointed in its own directory (``stage-<i>/`` when there are several)."""
+    theta, first, setup, results = None, None, None, []
+    for index, frames in enumerate(run.windows):
+        stage_cfg = cfg if frames is None else dataclasses.replace(
+            cfg, data=dataclasses.replace(cfg.data, frames=frames))
+        setup = assemble.build_fit(stage_cfg, run.dataset, run.dtype)
+        if first is None:  # before anything is compiled
+            validate_discretization_check(cfg.fit.discretization_check, problem=setup.problem)
+            first = setup
+        _stop_if_signalled(preemption,
+                           "before training" if index == 0 else f"before stage {index + 1}")
+        stage_out = run.out if len(run.windows) == 1 else run.out / f"stage-{index}"
+        stage_out.mkdir(parents=True, exist_ok=True)
+        state, history = _fit_stage(stage_cfg, setup, stage_out, theta, run.windows, index,
+                                    preemption, run.holds[index])
+        theta = history.best_theta
+        results.append((int(state.step), history))
+        if len(run.windows) > 1:
+            log.info(f"stage {index + 1}/{len(run.windows)} ({len(frames)} frames, "
+                     f"{setup.problem.n_steps} steps): loss {history.losses[0]:.3e} → "
+                     f"{history.best_loss:.3e}")
+    return _staged(run.windows, first, setup, results)
 
 
-def _discretization_check(cfg: DictConfig, setup: Any, theta: Any,
-                          curvature: CurvatureParts | None) -> dict[str, Any]:
-    """The fitted model re-run with a finer time step (and grid) over the training window
-    (pdefit.fitting.discretization), for summary.json, reusing the intervals' ``curvature``; a
-    warning when the discretization error is not small."""
-    options = cfg.fit.discretization_check
-    if not options.enabled:
-        return {"verdict": discretization.SKIPPED,
-                "reason": "fit.discretization_check.enabled=false"}
-    result = discretization.check(setup.problem, theta, setup.batch, options, setup.meta,
-                                  log=log.info, curvature=curvature)
-    if result["verdict"] == discretization.WARNING:
-        log.warning(result["message"])
-    return result
+def _staged(windows: list[list[int] | None], first: Any, last: Any,
+            results: list[tuple[int, FitHistory]]) -> StagedFit:
+    """The stages taken together from each one's (steps, history)."""
+    histories = [history for _, history in results]
+    return StagedFit(
+        windows=windows, first=first, setup=last, history=histories[-1],
+        theta=histories[-1].best_theta,
+        losses=[loss for history in histories for loss in history.losses],
+        wall=sum((history.wall_time for history in histories), 0.0),
+        stage_steps=[steps for steps, _ in results],
+        # Every stage with a checkpoint restores it when the run starts again, so the run's
+        # restarts are the most of any stage; its non-finite steps are all stages'.
+        restarts=max([0, *(history.restarts for history in histories)]),
+        nan_failures=sum(history.nan_failures for history in histories))
 
 
-def _system_evaluation(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,
-                       lead: bool) -> dict[str, Any]:
-    """The system's own evaluation of the fit (its optional ``evaluate_fit`` hook, see
-    pdefit.model.system), printed and returned for summary.json; empty without one."""
-    evaluate = getattr(setup.problem.system, "evaluate_fit", None)
-    if evaluate is None:
-        return {}
-    result = evaluate(setup.problem, theta, dataset, cfg.data.experiments, out,
-                      plots=bool(cfg.run.plots and lead))
-    if result is None:
-        return {}
-    if result.report:
-        print(result.report)
-    return dict(result.summary)
-
-
-def _stage_progress(cfg: DictConfig, n_steps: int, stages: list[list[int] | None],
+def _stage_progress(cfg: FitConfig, n_steps: int, stages: list[list[int] | None],
                     index: int) -> ProgressOptions:
     """Progress of stage ``index``: labelled "stage i/n (k frames)" in a staged fit, with the
     later stages' work (each up to optim.steps steps, costing in proportion to its frames)
@@ -358,20 +272,10 @@ def _stage_progress(cfg: DictConfig, n_steps: int, stages: list[list[int] | None
                            rollout_steps=n_steps, later_work=later)
 
 
-def _initial_fields_report(cfg: DictConfig, setup: Any, theta: Any, dataset: Path, out: Path,
-                          lead: bool) -> dict[str, Any]:
-    """Fitted initial fields against the dataset's first frame (pdefit.fitting.initial_fields),
-    printed and returned for summary.json; empty when no field is fitted."""
-    result = evaluate_initial_fields(setup.problem, theta, setup.batch, cfg, dataset, out,
-                                     plots=bool(cfg.run.plots and lead))
-    if result:
-        print(format_errors(result["initial_fields"]))
-    return result
-
-
-def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
+def _fit_stage(cfg: FitConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
                stages: list[list[int] | None] | None = None, index: int = 0,
-               preemption: PreemptionFlag | None = None, hold: frozenset[str] = frozenset()):
+               preemption: PreemptionFlag | None = None,
+               hold: frozenset[str] = frozenset()) -> tuple[TrainState, FitHistory]:
     """One run of the optimiser on ``setup`` (from ``theta0`` if given), checkpointed in
     ``out``; stage ``index`` of ``stages`` (for its progress label); the parameters in
     ``hold`` keep their values."""
@@ -397,40 +301,12 @@ def _fit_stage(cfg: DictConfig, setup: assemble.FitSetup, out: Path, theta0: Any
                    curvature=curvature, preemption=preemption, hold=hold)
 
 
-def _loss_description(problem) -> str:
-    """What the fit minimised: the observation misfit and the active penalties."""
-    reg = problem.regularization
-    terms = [name for name, on in (
-        ("parameter L2", reg.params or any(w for _, w in reg.param_l2)),
-        ("field L2", reg.fields), ("smoothness", any(w for _, w in reg.smoothness))) if on]
-    terms += [name for name, weight in reg.system if weight]
-    return describe_loss(problem.observation.loss, problem.observation.fields, terms,
-                         dict(problem.observation.field_weights))
-
-
-def _plot_prediction(problem, setup, theta, path: Path) -> None:
-    """Observed vs predicted frames and their difference (first experiment) at four times of
-    the window; unobserved points are left blank."""
-    obs = setup.batch.observed
-    slots = np.flatnonzero(np.asarray(obs.slot_of_step) >= 0)
-    picks = np.unique(np.linspace(0, len(slots) - 1, 4).round().astype(int))
-    x0 = jax.tree.map(lambda a: a[0], problem.initial_state(theta, setup.batch))
-    params = problem.experiment_params(theta, 0)
-    # Keep only every `every`-th state, the largest interval that still hits every frame.
-    every = int(np.gcd.reduce(slots[1:])) if len(slots) > 1 else problem.n_steps
-    frames = jax.jit(simulate, static_argnums=(0, 5, 6))(
-        stepper(problem.system, problem.grid, problem.integrator), x0, params, problem.t0,
-        problem.dt, problem.n_steps, every)
-    steps = slots[picks]
-    observed = {f: np.where(parallel.host_array(obs.weights[f])[0][picks] > 0,
-                            parallel.host_array(obs.values[f])[0][picks], np.nan)
-                for f in problem.observation.fields}
-    predicted = {f: np.asarray(v)[steps // every]
-                 for f, v in problem.observation.project(frames).items()}
-    system = problem.system
-    plot_fields(observed, predicted, [problem.t0 + s * problem.dt for s in steps], path,
-                units={f: field_attrs(system, f)["units"] for f in observed},
-                time_unit=time_unit(system), origin=image_origin(system, problem.grid))
+def _save_fitted(out: Path, staged: StagedFit) -> None:
+    """fitted.npz: the last stage's best θ with the fitted parameters' physical values."""
+    problem = staged.setup.problem
+    physical = {k: v for k, v in problem.physical_params(staged.theta).items()
+                if k in problem.layout.fitted}
+    save_fitted(out / FITTED_FILE, staged.theta, physical)  # for pdefit-evaluate and fit.start_from
 
 
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
@@ -459,7 +335,7 @@ def fit_main(cfg: DictConfig) -> None:
     # given back instead.
     flag = PreemptionFlag(FIT_SIGNALS).__enter__()
     try:
-        fit(cfg, flag)
+        fit(to_options(cfg), flag)
     finally:
         if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
             flag.__exit__(None, None, None)
@@ -470,8 +346,10 @@ def fit_main(cfg: DictConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def gradcheck(cfg: DictConfig) -> list[dict[str, float]]:
-    """Taylor test of the configured problem's gradient at its starting point."""
+def gradcheck(cfg: FitConfig | DictConfig) -> list[dict[str, float]]:
+    """Taylor test of the configured problem's gradient at its starting point (``cfg``:
+    typed options; a composed config is converted first)."""
+    cfg = as_options(cfg)
     dtype = assemble.set_precision(cfg.precision)
     out = output_dir(cfg)
     open_run_record(out, cfg)
@@ -498,15 +376,17 @@ def gradcheck_main(cfg: DictConfig) -> None:
 
     Example:
       pdefit-gradcheck precision=float64 adjoint=revolve"""
-    gradcheck(cfg)
+    gradcheck(to_options(cfg))
 
 
 # ---------------------------------------------------------------------------------------------
 
 
-def rank(cfg: DictConfig) -> list[dict[str, Any]]:
+def rank(cfg: FitConfig | DictConfig) -> list[dict[str, Any]]:
     """Rank the system's parameters by how much the simulated window (``simulate.*``, first
-    experiment's seed) moves when each is multiplied by ``rank.factor``."""
+    experiment's seed) moves when each is multiplied by ``rank.factor`` (``cfg``: typed
+    options; a composed config is converted first)."""
+    cfg = as_options(cfg)
     dtype = assemble.set_precision(cfg.precision)
     out = output_dir(cfg)
     open_run_record(out, cfg)
@@ -545,4 +425,4 @@ def rank_main(cfg: DictConfig) -> None:
 
     Example:
       pdefit-rank experiment=bocf_recovery"""
-    rank(cfg)
+    rank(to_options(cfg))

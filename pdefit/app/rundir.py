@@ -14,8 +14,9 @@ start-up: a refused resume or a signal during start-up must leave a run it finds
 Until then log records wait in :class:`DeferredRunLog`.
 
 Also here: the simulated dataset that the embedded default writes into its run directory is
-reused on resume (so a restart cannot silently fit different data), the comparison of a
-checkpoint's config with the current one is :mod:`pdefit.runtime.resume`.
+reused on resume (so a restart cannot silently fit different data), and a run directory with
+checkpoints is resumed only with the config it was made with (:func:`refuse_mismatched_resume`;
+the comparison of a checkpoint's config with the current one is :mod:`pdefit.runtime.resume`).
 """
 
 from __future__ import annotations
@@ -27,14 +28,18 @@ import logging.handlers
 import re
 import shutil
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
+from pdefit.app.config import plain, to_yaml
+from pdefit.fitting.train import resume_mismatch
+from pdefit.options import FitConfig, SimulateMainConfig
+from pdefit.runtime.checkpoint import CHECKPOINT_DIR
 from pdefit.runtime.resume import config_differences
 
 log = logging.getLogger("pdefit")
@@ -104,18 +109,41 @@ def register_resolvers() -> None:
 # Configs.
 
 
-def plain_config(cfg: Any) -> dict[str, Any]:
-    """The resolved config as plain JSON-able data."""
-    if OmegaConf.is_config(cfg):
-        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
-    return dict(cfg)
+def plain_config(cfg: FitConfig | SimulateMainConfig | DictConfig | Mapping) -> dict[str, Any]:
+    """The resolved config (typed options, a composed config or a mapping) as plain JSON-able
+    data: what the checkpoints keep and compare."""
+    if isinstance(cfg, Mapping) and not OmegaConf.is_config(cfg):
+        return dict(cfg)
+    return plain(cfg)
+
+
+def refuse_mismatched_resume(cfg: FitConfig, out: Path) -> None:
+    """A run directory with checkpoints is resumed only with the config it was made with
+    (up to driving and stopping keys): compared here, before its dataset, config.yaml or
+    checkpoints are touched. The checkpoints' own configs are checked again on restore."""
+    saved_path = out / "config.yaml"
+    if not cfg.run.resume or not saved_path.exists() or not _has_checkpoints(out):
+        return
+    try:
+        saved = OmegaConf.to_container(OmegaConf.load(saved_path), resolve=True)
+    except Exception:  # an unreadable or foreign config.yaml: the restore's check decides
+        return
+    error = resume_mismatch(saved, plain_config(cfg), out)  # type: ignore[arg-type]
+    if error is not None:
+        raise error
+
+
+def _has_checkpoints(out: Path) -> bool:
+    directories = [out / CHECKPOINT_DIR, *out.glob(f"stage-*/{CHECKPOINT_DIR}")]
+    return any(p.name.isdigit() for d in directories if d.is_dir() for p in d.iterdir())
 
 
 # ---------------------------------------------------------------------------------------------
 # The simulated dataset of a run.
 
 
-def simulated_dataset(cfg: Any, path: Path, simulate: Callable[[Path], Path],
+def simulated_dataset(cfg: FitConfig | SimulateMainConfig, path: Path,
+                      simulate: Callable[[Path], Path],
                       reuse: bool = True) -> Path:
     """The run's own simulated dataset at ``path``: the existing one if it was made from the
     same ``system``/``simulate``/``precision`` config (a resumed or repeated run), otherwise
@@ -198,7 +226,7 @@ class DeferredRunLog(logging.handlers.MemoryHandler):
         self.flush()
 
 
-def output_dir(cfg: Any) -> Path:
+def output_dir(cfg: FitConfig) -> Path:
     """The command's run directory, created: Hydra's output directory under Hydra (it is
     run.dir when given, see conf/fit.yaml; a sweep point's own directory), else run.dir."""
     from hydra.core.hydra_config import HydraConfig
@@ -209,7 +237,7 @@ def output_dir(cfg: Any) -> Path:
     return out
 
 
-def open_run_record(out: Path, cfg: Any) -> None:
+def open_run_record(out: Path, cfg: FitConfig) -> None:
     """Write the run's record into ``out``: ``.hydra/`` (config.yaml as composed,
     hydra.yaml, overrides.yaml) and ``<command>.log``, which gets the records held so far.
     Process 0 only (the run directory is shared); a no-op outside Hydra."""
@@ -220,7 +248,7 @@ def open_run_record(out: Path, cfg: Any) -> None:
     hydra_cfg = HydraConfig.get()
     record = out / ".hydra"
     record.mkdir(parents=True, exist_ok=True)
-    (record / "config.yaml").write_text(OmegaConf.to_yaml(cfg))
+    (record / "config.yaml").write_text(to_yaml(cfg))
     (record / "hydra.yaml").write_text(OmegaConf.to_yaml({"hydra": hydra_cfg}))
     (record / "overrides.yaml").write_text(OmegaConf.to_yaml(list(hydra_cfg.overrides.task)))
     for handler in logging.getLogger().handlers:

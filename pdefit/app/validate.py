@@ -16,10 +16,19 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
+from omegaconf import DictConfig
 
+from pdefit.app.config import as_options
 from pdefit.fitting import discretization
 from pdefit.fitting.assemble import refine_factors
-from pdefit.options import ConfigError
+from pdefit.options import (
+    ConfigError,
+    FitConfig,
+    GridConfig,
+    ObserveConfig,
+    OptimConfig,
+    RegularizationConfig,
+)
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "lbfgs", "levenberg_marquardt")
 SCHEDULES = ("constant", "cosine", "exponential")
@@ -60,7 +69,7 @@ def _weights(key: str, weights: Any) -> dict[str, float]:
     return {name: _non_negative(f"{key}.{name}", w) for name, w in dict(weights or {}).items()}
 
 
-def validate_optim(cfg: Any) -> None:
+def validate_optim(cfg: OptimConfig) -> None:
     """``optim.*``: also used by :func:`pdefit.fitting.train.run_fit` callers that bypass the
     CLI."""
     if cfg.name not in OPTIMIZERS:
@@ -90,13 +99,22 @@ def validate_optim(cfg: Any) -> None:
         _at_least("optim.patience", cfg.patience, 1)
 
 
-def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
-    """Raise :class:`ConfigError` for the first setting of ``cfg`` (a fit config) that cannot
-    work; ``log`` the ones that are legal but almost certainly wrong."""
+def validate_fit(cfg: FitConfig | DictConfig, log: Callable[[str], None] = print) -> None:
+    """Raise :class:`ConfigError` for the first setting of ``cfg`` (a fit config: typed
+    options, or a composed config, converted first) that cannot work; ``log`` the ones that
+    are legal but almost certainly wrong."""
+    cfg = as_options(cfg)
     validate_optim(cfg.optim)
     _positive("system.dt", cfg.system.dt)
     _grid(cfg.system.grid)
-    obs = cfg.observe
+    _observe(cfg.observe)
+    _fit(cfg)
+    _regularization(cfg.regularization)
+    _run(cfg, log)
+    _simulation(cfg, log)
+
+
+def _observe(obs: ObserveConfig) -> None:
     _at_least("observe.stride", obs.stride, 1)
     if not list(obs.fields):
         raise ConfigError("observe.fields is empty: a fit needs at least one observed field")
@@ -107,6 +125,11 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
                           f"(observe.fields={list(obs.fields)})")
     if weights and all(weights.get(f, 1.0) == 0 for f in obs.fields):
         raise ConfigError("observe.field_weights: every observed field has weight 0")
+
+
+def _fit(cfg: FitConfig) -> None:
+    """``fit.*``: something to fit, the start's perturbation, the stages and holds, the
+    discretization check."""
     fit = cfg.fit
     fitted_fields = [f for f, source in dict(fit.initial_fields or {}).items()
                      if source == "fit"]
@@ -124,11 +147,16 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
             _at_least(f"fit.stages[{i}]", k, 2)
     _hold(cfg)
     validate_discretization_check(fit.discretization_check)
-    reg = cfg.regularization
+
+
+def _regularization(reg: RegularizationConfig) -> None:
     _non_negative("regularization.params", reg.params)
     _non_negative("regularization.fields", reg.fields)
     for key in ("param_l2", "smoothness", "system"):
         _weights(f"regularization.{key}", getattr(reg, key))
+
+
+def _run(cfg: FitConfig, log: Callable[[str], None]) -> None:
     run = cfg.run
     every = _at_least("run.checkpoint_every", run.checkpoint_every, 1)
     _at_least("run.checkpoint_keep", run.checkpoint_keep, 1)
@@ -136,10 +164,9 @@ def validate_fit(cfg: Any, log: Callable[[str], None] = print) -> None:
     if every == 1 and cfg.optim.steps > 1:
         log("run.checkpoint_every=1 writes a checkpoint after every optimiser step, which "
             "can make a small fit several times slower; 10-50 is usually enough")
-    _simulation(cfg, log)
 
 
-def _hold(cfg: Any) -> None:
+def _hold(cfg: FitConfig) -> None:
     """``fit.hold``: fitted names, each held for 0 (not held) up to the number of listed
     stages, not every fitted parameter at once, and none into the last stage (checked here
     when the frame count is known without the dataset, else by :func:`pdefit.app.cli.stage_holds`
@@ -201,7 +228,7 @@ def validate_discretization_check(check: Any, key: str = "fit.discretization_che
         raise ConfigError(refused)
 
 
-def _grid(grid: Any) -> None:
+def _grid(grid: GridConfig) -> None:
     shape = list(grid.shape)
     for i, n in enumerate(shape):
         _at_least(f"system.grid.shape[{i}]", n, 1)
@@ -209,7 +236,7 @@ def _grid(grid: Any) -> None:
         _positive(f"system.grid.spacing[{i}]", h)
 
 
-def _simulation(cfg: Any, log: Callable[[str], None]) -> None:
+def _simulation(cfg: FitConfig, log: Callable[[str], None]) -> None:
     """The embedded default's dataset (no ``data.path``): counts, and a warning when the
     initial state the system generates on this grid is (nearly) constant, which happens when
     the grid is smaller than the generator's pattern: there is then nothing to fit."""
@@ -231,7 +258,7 @@ def _simulation(cfg: Any, log: Callable[[str], None]) -> None:
             "dynamics to fit")
 
 
-def _flat_fields(cfg: Any) -> list[str]:
+def _flat_fields(cfg: FitConfig) -> list[str]:
     from pdefit.fitting import assemble
 
     system_cfg = cfg.simulate.system or cfg.system

@@ -89,7 +89,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from pdefit.adjoint.revolve import LossChain, StoreAll
+from pdefit.adjoint import LossChain, StoreAll
 from pdefit.fitting import uncertainty
 from pdefit.fitting.observe import ObservedData, zero_like_state
 from pdefit.fitting.problem import Batch, FitProblem
@@ -385,23 +385,20 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
         "data": time["data"], "refined_dt": time["dt"],
         **{key: time[key] for key in ("misfit_refined", "change", "change_vs_residual",
                                       "change_vs_data")}}
-    # A system with its own step ignores system.integrator.
-    stepping = ["system.dt"] + ([] if hasattr(problem.system, "step") else ["system.integrator"])
-    notes, knobs = [], []
     residual_large = _large(time, options)
     # With the parameter shift at hand it decides for the time step: it measures the bias
     # itself, which the residual does not on data without noise.
     by_shift = bool(options.parameters)
     if by_shift:
         shift = parameter_shift(problem, theta, batch, k, curvature)
-        result["parameter_shift"] = shift
-        result["parameter_tolerance"] = float(options.parameter_tolerance)
+        result.update(parameter_shift=shift,
+                      parameter_tolerance=float(options.parameter_tolerance))
         time_large = (shift["max_relative"] or 0.0) > options.parameter_tolerance
     else:
         time_large = residual_large
     result["criterion"] = "parameter_shift" if by_shift else "residual"
-    if time_large:
-        knobs += stepping
+    grid: dict[str, Any] | None = None
+    notes: list[str] = []
     if m > 1:
         substeps = _grid_substeps(problem, theta, batch, m, k)
         if substeps > k:
@@ -411,19 +408,38 @@ def check(problem: FitProblem, theta: Any, batch: Batch, options: Any, meta: Any
             key: grid[key] for key in ("dt", "grid", "misfit_refined", "change",
                                        "change_vs_residual", "change_vs_data")}}
         residual_large = residual_large or _large(grid, options)
-        # The grid is the knob when refining it moves the prediction well beyond what the
-        # time step alone does (RMS change more than twice as large), or when the parameter
-        # shift has already cleared the time step: naming the stepping then would contradict
-        # the shift just measured.
-        if _large(grid, options) and (by_shift or grid["change"] > 4.0 * time["change"]):
-            knobs.insert(0, "system.grid.shape")
-        elif _large(grid, options) and not knobs:
-            knobs += stepping
+    knobs = _knobs(problem, options, time_large, by_shift, time, grid)
+    return _with_verdict(result, problem, meta, knobs, notes, residual_large)
+
+
+def _knobs(problem: FitProblem, options: Any, time_large: bool, by_shift: bool,
+           time: Mapping[str, Any], grid: Mapping[str, Any] | None) -> list[str]:
+    """The config keys to turn: the time stepping where its refinement matters, the grid
+    where its refinement does (first)."""
+    # A system with its own step ignores system.integrator.
+    stepping = ["system.dt"] + ([] if hasattr(problem.system, "step") else ["system.integrator"])
+    knobs = list(stepping) if time_large else []
+    if grid is None:
+        return knobs
+    # The grid is the knob when refining it moves the prediction well beyond what the
+    # time step alone does (RMS change more than twice as large), or when the parameter
+    # shift has already cleared the time step: naming the stepping then would contradict
+    # the shift just measured.
+    if _large(grid, options) and (by_shift or grid["change"] > 4.0 * time["change"]):
+        return ["system.grid.shape", *knobs]
+    if _large(grid, options) and not knobs:
+        return stepping
+    return knobs
+
+
+def _with_verdict(result: dict[str, Any], problem: FitProblem, meta: Any, knobs: list[str],
+                  notes: list[str], residual_large: bool) -> dict[str, Any]:
+    """``result`` with its verdict (twin, warning or ok), the knobs, notes and message."""
     twin = None if meta is None else twin_reason(meta, problem)
     if twin is not None:
         verdict = TWIN
-        notes.append(f"{twin} (a twin experiment): the residual cannot show discretization "
-                     "error; fit data simulated more finely (simulate.refine) to see it")
+        notes = [*notes, f"{twin} (a twin experiment): the residual cannot show discretization "
+                         "error; fit data simulated more finely (simulate.refine) to see it"]
     else:
         verdict = WARNING if knobs else OK
     # Whether the residual is partly discretization error (not pure noise): what the

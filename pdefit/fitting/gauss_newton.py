@@ -9,23 +9,23 @@ no checkpointing is needed. ∇²c_n is applied exactly by a Hessian–vector pr
 cost works (for the MSE misfits of :mod:`pdefit.fitting.observe` it is a constant diagonal).
 
 With G and the gradient g = Σ_n J_nᵀ ∇c_n the Levenberg–Marquardt optimiser in
-:mod:`pdefit.fitting.train` takes steps (G + λ diag G) δ = −g: for a handful of parameters and data
-the model can fit (zero residual), it converges in tens of iterations where L-BFGS, led astray by
-the small jumps the thresholds of excitable models put into the loss, can stall.
+:mod:`pdefit.fitting.optimisers` takes steps (G + λ diag G) δ = −g: for a handful of parameters
+and data the model can fit (zero residual), it converges in tens of iterations where L-BFGS, led
+astray by the small jumps the thresholds of excitable models put into the loss, can stall.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from pdefit.adjoint.revolve import LossChain
+from pdefit.adjoint import LossChain
 from pdefit.fitting.observe import ObservedData
 
 
@@ -105,6 +105,33 @@ def gauss_newton(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
     flattened order) carries tangents for those parameters only, the others held: G is then
     over ``free`` (in its order) and the gradient is zero at the held ones, whose tangents
     are never computed."""
+    _require_scalar_shared_fit(problem)
+
+    def curvature(theta, batch, x0_directions=None, free=None):
+        flat, unravel = ravel_pytree(theta["params"])
+        columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
+        fitted = _Flat(flat, unravel, columns)
+        params, tangents = _parameter_tangents(problem, theta, fitted)
+        x0 = problem.initial_state(theta, batch)
+        tangents, x0_tangents = _initial_tangents(x0, len(columns), tangents, x0_directions)
+        values, grads, matrices = _experiment_terms(problem, params, tangents, x0, x0_tangents,
+                                                    batch.observed)
+        return _mean_with_penalty(problem, theta, fitted, values, grads, matrices)
+
+    return curvature
+
+
+class _Flat(NamedTuple):
+    """``theta["params"]`` flattened (``ravel_pytree`` order), the way back, and the
+    positions that carry tangents."""
+
+    flat: jnp.ndarray
+    unravel: Callable[[jnp.ndarray], Any]
+    columns: np.ndarray
+
+
+def _require_scalar_shared_fit(problem: Any) -> None:
+    """Refuse the fits Levenberg–Marquardt's curvature does not cover."""
     if problem.fitted_fields:
         raise ValueError("levenberg_marquardt fits scalar parameters only; with fitted initial "
                          f"fields {list(problem.fitted_fields)} use optim=adam or optim=lbfgs")
@@ -116,47 +143,64 @@ def gauss_newton(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
     if not problem.layout.fitted:
         raise ValueError("levenberg_marquardt needs at least one fitted parameter")
 
-    def curvature(theta, batch, x0_directions=None, free=None):
-        flat, unravel = ravel_pytree(theta["params"])
-        columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
-        k = len(columns)
 
-        def physical(f):
-            return problem.physical_params({**theta, "params": unravel(f)})
+def _parameter_tangents(problem: Any, theta: Any, fitted: _Flat) -> tuple[Any, Any]:
+    """The physical parameters and their derivatives along each of the k free unconstrained
+    ones (each leaf with a leading k axis)."""
 
-        params = physical(flat)
-        tangents = jax.vmap(lambda e: jax.jvp(physical, (flat,), (e,))[1])(
-            jnp.eye(flat.shape[0], dtype=flat.dtype)[columns])
-        x0 = problem.initial_state(theta, batch)
-        x0_tangents = jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), x0)
-        if x0_directions is not None:
-            m = jax.tree.leaves(x0_directions)[0].shape[0]
-            tangents = jax.tree.map(lambda t: jnp.concatenate(
-                [t, jnp.zeros((m, *t.shape[1:]), t.dtype)]), tangents)
-            x0_tangents = jax.tree.map(lambda z, d: jnp.concatenate([z, d.astype(z.dtype)]),
-                                       x0_tangents, x0_directions)
-        obs = batch.observed
-        # Plain stencils: the self-adjoint VJP rule has no forward mode.
-        chain = problem.chain(dataclasses.replace(problem.grid, self_adjoint_vjp=False))
+    def physical(f):
+        return problem.physical_params({**theta, "params": fitted.unravel(f)})
 
-        def one(x0_e, dx0_e, values_e, weights_e, scale_e):
-            data = ObservedData(values_e, weights_e, scale_e, obs.slot_of_step)
-            return trajectory_terms(chain, x0_e, params, tangents, data, problem.n_steps,
-                                    dx0_e)
+    flat = fitted.flat
+    params = physical(flat)
+    tangents = jax.vmap(lambda e: jax.jvp(physical, (flat,), (e,))[1])(
+        jnp.eye(flat.shape[0], dtype=flat.dtype)[fitted.columns])
+    return params, tangents
 
-        values, grads, matrices = jax.vmap(one, in_axes=(0, 1, 0, 0, 0))(
-            x0, x0_tangents, obs.values, obs.weights, obs.scale)
-        n_exp = values.shape[0]
 
-        def penalty(f):
-            return problem.penalty({**theta, "params": unravel(f)})
+def _initial_tangents(x0: Any, k: int, tangents: Any, x0_directions: Any,
+                      ) -> tuple[Any, Any]:
+    """(parameter tangents, initial-state tangents), with the m ``x0_directions`` appended
+    after the k parameters when given: zero in the parameters, the direction in the state."""
+    x0_tangents = jax.tree.map(lambda a: jnp.zeros((k, *a.shape), a.dtype), x0)
+    if x0_directions is not None:
+        m = jax.tree.leaves(x0_directions)[0].shape[0]
+        tangents = jax.tree.map(lambda t: jnp.concatenate(
+            [t, jnp.zeros((m, *t.shape[1:]), t.dtype)]), tangents)
+        x0_tangents = jax.tree.map(lambda z, d: jnp.concatenate([z, d.astype(z.dtype)]),
+                                   x0_tangents, x0_directions)
+    return tangents, x0_tangents
 
-        loss = jnp.sum(values) / n_exp + penalty(flat)
-        grad = jnp.zeros_like(flat).at[columns].set(
-            jnp.sum(grads, axis=0)[:k] / n_exp + jax.grad(penalty)(flat)[columns])
-        matrix = jnp.sum(matrices, axis=0) / n_exp
-        matrix = matrix.at[:k, :k].add(jax.hessian(penalty)(flat)[np.ix_(columns, columns)])
-        gradient = {**jax.tree.map(jnp.zeros_like, theta), "params": unravel(grad)}
-        return loss, gradient, matrix
 
-    return curvature
+def _experiment_terms(problem: Any, params: Any, tangents: Any, x0: Any, x0_tangents: Any,
+                      obs: ObservedData) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """(L, g, G) of every experiment (stacked on a leading axis)."""
+    # Plain stencils: the self-adjoint VJP rule has no forward mode.
+    chain = problem.chain(dataclasses.replace(problem.grid, self_adjoint_vjp=False))
+
+    def one(x0_e, dx0_e, values_e, weights_e, scale_e):
+        data = ObservedData(values_e, weights_e, scale_e, obs.slot_of_step)
+        return trajectory_terms(chain, x0_e, params, tangents, data, problem.n_steps, dx0_e)
+
+    return jax.vmap(one, in_axes=(0, 1, 0, 0, 0))(
+        x0, x0_tangents, obs.values, obs.weights, obs.scale)
+
+
+def _mean_with_penalty(problem: Any, theta: Any, fitted: _Flat, values: jnp.ndarray,
+                       grads: jnp.ndarray, matrices: jnp.ndarray) -> tuple[Any, Any, Any]:
+    """(loss, gradient, G): the experiments' mean, plus the penalty, its gradient and its
+    exact Hessian; the gradient as a pytree like ``theta`` (zero at held parameters)."""
+    flat, unravel, columns = fitted
+    k = len(columns)
+    n_exp = values.shape[0]
+
+    def penalty(f):
+        return problem.penalty({**theta, "params": unravel(f)})
+
+    loss = jnp.sum(values) / n_exp + penalty(flat)
+    grad = jnp.zeros_like(flat).at[columns].set(
+        jnp.sum(grads, axis=0)[:k] / n_exp + jax.grad(penalty)(flat)[columns])
+    matrix = jnp.sum(matrices, axis=0) / n_exp
+    matrix = matrix.at[:k, :k].add(jax.hessian(penalty)(flat)[np.ix_(columns, columns)])
+    gradient = {**jax.tree.map(jnp.zeros_like, theta), "params": unravel(grad)}
+    return loss, gradient, matrix

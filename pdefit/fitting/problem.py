@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from pdefit.adjoint.revolve import LossChain, Schedule
+from pdefit.adjoint import LossChain, Schedule
 from pdefit.fitting.observe import Observation, ObservedData, observable_names
 from pdefit.model.params import ParameterLayout
 from pdefit.model.system import System, stepper

@@ -1,9 +1,9 @@
 """Finite-difference operators on blocks that carry halos.
 
 Every operator takes a block padded by its stencil radius on the last two axes (see
-:meth:`pdefit.numerics.grid.Grid.pad`) and returns the interior. Nothing here knows where the halo
-came
-from, so the same code runs on one device and inside ``shard_map`` after a halo exchange.
+:meth:`pdefit.numerics.grid.Grid.pad`) and returns the interior. Nothing here knows where the
+halo came from, so the same code runs on one device and inside ``shard_map`` after a halo
+exchange.
 """
 
 from __future__ import annotations

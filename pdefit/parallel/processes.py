@@ -20,7 +20,7 @@ import jax
 import numpy as np
 from jax.sharding import Sharding
 
-from pdefit.data.dataset import Dataset
+from pdefit.data import Dataset
 
 log = logging.getLogger("pdefit")
 

@@ -1,0 +1,219 @@
+"""What a finished fit reports (``pdefit-fit``'s last phase): ``summary.json`` (the recovered
+parameters and their errors, the intervals, the discretization check, the system's own
+evaluation, the fitted initial fields), the printed table and the plots (``loss.png``,
+``fields.png``). The fit itself, stage by stage, is :func:`pdefit.app.cli.fit`'s.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from pdefit import data as zd
+from pdefit import parallel
+from pdefit.analysis.reports import (
+    describe_loss,
+    error_summary,
+    format_error_summary,
+    format_table,
+    parameter_table,
+    plot_fields,
+    plot_loss,
+)
+from pdefit.fitting import discretization
+from pdefit.fitting.assemble import FitSetup
+from pdefit.fitting.initial_fields import evaluate_initial_fields, format_errors
+from pdefit.fitting.train import FitHistory
+from pdefit.fitting.uncertainty import (
+    CurvatureParts,
+    curvature_parts,
+    known_sigma,
+    unavailable_reason,
+)
+from pdefit.fitting.uncertainty import estimate as estimate_uncertainty
+from pdefit.model.system import field_attrs, image_origin, stepper, time_unit
+from pdefit.numerics.integrate import simulate
+from pdefit.options import FitConfig
+from pdefit.runtime.checkpoint import write_json_atomic
+
+log = logging.getLogger("pdefit")
+
+
+class StagedFit(NamedTuple):
+    """A fit's stages taken together: the last stage's setup and history, and what the
+    summary counts over all stages."""
+
+    windows: list[list[int] | None]  # each stage's training frames (None: data.frames)
+    first: FitSetup  # the first stage's (its start values are the fit's)
+    setup: FitSetup  # the last stage's
+    history: FitHistory  # the last stage's
+    theta: Any  # the last stage's best θ
+    losses: list[float]  # every stage's, in order
+    wall: float
+    stage_steps: list[int]  # each stage counts its own from 0
+    restarts: int
+    nan_failures: int
+
+
+def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path,
+              lead: bool) -> dict[str, Any]:
+    """The fit's summary, written to ``summary.json`` by the ``lead`` process: the parameter
+    table with intervals, the discretization check, the system's own evaluation and the
+    initial fields (the last two print their reports)."""
+    problem, setup, theta = fit.setup.problem, fit.setup, fit.theta
+    recovered = {k: float(v) for k, v in problem.scalar_values(theta).items()}
+    uncertainty, curvature = _uncertainty(cfg, setup, theta, dataset)
+    rows = parameter_table(problem.layout.scalars, fit.first.start_values, recovered,
+                           setup.reference,
+                           {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
+                           uncertainty.get("parameters"))
+    summary = _summary(fit, rows, uncertainty)
+    summary["discretization_check"] = _discretization_check(cfg, setup, theta, curvature)
+    summary["uncertainty"] = discretization.mark_intervals(
+        uncertainty, summary["discretization_check"])
+    summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
+    summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
+    if lead:
+        write_json_atomic(out / "summary.json", summary)
+    return summary
+
+
+def _summary(fit: StagedFit, rows: list[dict[str, Any]],
+             uncertainty: dict[str, Any]) -> dict[str, Any]:
+    problem, history = fit.setup.problem, fit.history
+    return {
+        "system": problem.system.name, "grid": list(problem.grid.shape),
+        "n_steps": problem.n_steps, "schedule": str(problem.schedule),
+        "stages": [None if f is None else len(f) for f in fit.windows],
+        # All stages' steps (each stage counts its own from 0), and each stage's.
+        "optimizer_steps": sum(fit.stage_steps), "optimizer_steps_per_stage": fit.stage_steps,
+        "stop_reason": history.stop_reason,
+        "final_loss": history.losses[-1],
+        "best_loss": history.best_loss, "initial_loss": fit.losses[0],
+        "wall_time_s": fit.wall, "nan_failures": fit.nan_failures, "restarts": fit.restarts,
+        "parameters": rows, **error_summary(rows), "uncertainty": uncertainty,
+    }
+
+
+def print_report(summary: dict[str, Any], fit: StagedFit) -> None:
+    """The parameter table, the intervals' note, the errors and the discretization check."""
+    rows, uncertainty = summary["parameters"], summary["uncertainty"]
+    if rows:
+        print(format_table(rows))
+    if uncertainty.get("note"):
+        print(f"parameter intervals: {uncertainty['note']}")
+    if summary["mean_rel_error"] is not None:
+        print(f"{format_error_summary(summary)}  (loss {fit.losses[0]:.3e} → "
+              f"{fit.history.best_loss:.3e}, {fit.wall:.1f} s)")
+    if "message" in summary["discretization_check"]:
+        print(discretization.format_check(summary["discretization_check"]))
+
+
+def plot(fit: StagedFit, out: Path) -> None:
+    """``loss.png`` over all stages and, on one host, ``fields.png``."""
+    problem = fit.setup.problem
+    plot_loss(fit.losses, out / "loss.png", _loss_description(problem))
+    if jax.process_count() == 1:  # the forecast plot needs the whole field on one host
+        _plot_prediction(problem, fit.setup, fit.theta, out / "fields.png")
+
+
+def _uncertainty(cfg: FitConfig, setup: FitSetup, theta: Any, dataset: Path,
+                 ) -> tuple[dict[str, Any], CurvatureParts | None]:
+    """Standard errors and intervals of the fitted scalars (pdefit.fitting.uncertainty) on the last
+    stage's window, with the dataset's additive noise level when it records one and the data
+    come from the fitted system; the reason where there are none. Also the curvature they
+    come from (None without them), which the discretization check reuses."""
+    if not cfg.fit.uncertainty:
+        return {"available": False, "reason": "fit.uncertainty=false"}, None
+    reason = unavailable_reason(setup.problem)
+    if reason is not None:
+        log.info(f"no parameter intervals: {reason}")
+        return {"available": False, "reason": reason}, None
+    log.info("parameter intervals: one forward-tangent sweep over the training window…")
+    noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
+    parts = curvature_parts(setup.problem, theta, setup.batch)
+    return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise),
+                                parts=parts), parts
+
+
+def _discretization_check(cfg: FitConfig, setup: FitSetup, theta: Any,
+                          curvature: CurvatureParts | None) -> dict[str, Any]:
+    """The fitted model re-run with a finer time step (and grid) over the training window
+    (pdefit.fitting.discretization), for summary.json, reusing the intervals' ``curvature``; a
+    warning when the discretization error is not small."""
+    options = cfg.fit.discretization_check
+    if not options.enabled:
+        return {"verdict": discretization.SKIPPED,
+                "reason": "fit.discretization_check.enabled=false"}
+    result = discretization.check(setup.problem, theta, setup.batch, options, setup.meta,
+                                  log=log.info, curvature=curvature)
+    if result["verdict"] == discretization.WARNING:
+        log.warning(result["message"])
+    return result
+
+
+def _system_evaluation(cfg: FitConfig, setup: FitSetup, theta: Any, dataset: Path, out: Path,
+                       lead: bool) -> dict[str, Any]:
+    """The system's own evaluation of the fit (its optional ``evaluate_fit`` hook, see
+    pdefit.model.system), printed and returned for summary.json; empty without one."""
+    evaluate = getattr(setup.problem.system, "evaluate_fit", None)
+    if evaluate is None:
+        return {}
+    result = evaluate(setup.problem, theta, dataset, cfg.data.experiments, out,
+                      plots=bool(cfg.run.plots and lead))
+    if result is None:
+        return {}
+    if result.report:
+        print(result.report)
+    return dict(result.summary)
+
+
+def _initial_fields_report(cfg: FitConfig, setup: FitSetup, theta: Any, dataset: Path,
+                           out: Path, lead: bool) -> dict[str, Any]:
+    """Fitted initial fields against the dataset's first frame (pdefit.fitting.initial_fields),
+    printed and returned for summary.json; empty when no field is fitted."""
+    result = evaluate_initial_fields(setup.problem, theta, setup.batch, cfg, dataset, out,
+                                     plots=bool(cfg.run.plots and lead))
+    if result:
+        print(format_errors(result["initial_fields"]))
+    return result
+
+
+def _loss_description(problem) -> str:
+    """What the fit minimised: the observation misfit and the active penalties."""
+    reg = problem.regularization
+    terms = [name for name, on in (
+        ("parameter L2", reg.params or any(w for _, w in reg.param_l2)),
+        ("field L2", reg.fields), ("smoothness", any(w for _, w in reg.smoothness))) if on]
+    terms += [name for name, weight in reg.system if weight]
+    return describe_loss(problem.observation.loss, problem.observation.fields, terms,
+                         dict(problem.observation.field_weights))
+
+
+def _plot_prediction(problem, setup, theta, path: Path) -> None:
+    """Observed vs predicted frames and their difference (first experiment) at four times of
+    the window; unobserved points are left blank."""
+    obs = setup.batch.observed
+    slots = np.flatnonzero(np.asarray(obs.slot_of_step) >= 0)
+    picks = np.unique(np.linspace(0, len(slots) - 1, 4).round().astype(int))
+    x0 = jax.tree.map(lambda a: a[0], problem.initial_state(theta, setup.batch))
+    params = problem.experiment_params(theta, 0)
+    # Keep only every `every`-th state, the largest interval that still hits every frame.
+    every = int(np.gcd.reduce(slots[1:])) if len(slots) > 1 else problem.n_steps
+    frames = jax.jit(simulate, static_argnums=(0, 5, 6))(
+        stepper(problem.system, problem.grid, problem.integrator), x0, params, problem.t0,
+        problem.dt, problem.n_steps, every)
+    steps = slots[picks]
+    observed = {f: np.where(parallel.host_array(obs.weights[f])[0][picks] > 0,
+                            parallel.host_array(obs.values[f])[0][picks], np.nan)
+                for f in problem.observation.fields}
+    predicted = {f: np.asarray(v)[steps // every]
+                 for f, v in problem.observation.project(frames).items()}
+    system = problem.system
+    plot_fields(observed, predicted, [problem.t0 + s * problem.dt for s in steps], path,
+                units={f: field_attrs(system, f)["units"] for f in observed},
+                time_unit=time_unit(system), origin=image_origin(system, problem.grid))
