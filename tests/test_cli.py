@@ -266,3 +266,25 @@ def test_fitted_initial_field_is_compared_with_the_truth(tmp_path, capsys):
         "initial_fields"]
     assert (run / "initial_fields.png").stat().st_size > 0
     assert f"initial v: relative L2 error {100 * expected:.3g} %" in capsys.readouterr().out
+
+
+def test_a_composed_config_pickles_for_the_slurm_launcher(tmp_path):
+    """submitit's launcher pickles the composed config into the Slurm job: it must unpickle
+    in a fresh interpreter (the schema's writable twins are importable by name) into the same
+    typed options, an experiment's optional group (``simulate.system``) included."""
+    import pickle
+
+    from pdefit.app.config import to_options
+    from tests.test_fit import config
+
+    cfg = config(tmp_path, "experiment=ap_from_bocf")
+    (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(cfg))
+    (tmp_path / "options.pkl").write_bytes(pickle.dumps(to_options(cfg)))
+    script = ("import pickle, sys; from pdefit.app.config import to_options; "
+              "cfg = pickle.load(open(sys.argv[1], 'rb')); "
+              "assert to_options(cfg) == pickle.load(open(sys.argv[2], 'rb')); "
+              "print(cfg.simulate.system.name)")
+    done = subprocess.run([sys.executable, "-c", script, str(tmp_path / "cfg.pkl"),
+                           str(tmp_path / "options.pkl")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "bocf"
