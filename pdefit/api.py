@@ -22,7 +22,6 @@ import contextlib
 import dataclasses
 import logging
 import tempfile
-import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib.resources import files
@@ -35,6 +34,7 @@ import numpy as np
 import yaml
 
 from pdefit import data as zd
+from pdefit.app.config import typed_options
 from pdefit.app.validate import validate_discretization_check
 from pdefit.fitting import assemble, discretization
 from pdefit.fitting.gauss_newton import gauss_newton
@@ -272,7 +272,8 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     cfg = optimizer_config(optimizer, steps, **options)
     check = None
     if discretization_check is not False:
-        check = _discretization_options(discretization_check)
+        values = {} if discretization_check is True else dict(discretization_check)
+        check = typed_options(DiscretizationCheckConfig, values, "discretization_check")
         validate_discretization_check(check, "discretization_check", problem)
     curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)
@@ -306,62 +307,3 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
                      list(history.losses), float(history.best_loss), int(state.step), theta,
                      history, report)
-
-
-def _discretization_options(values: bool | Mapping[str, Any]) -> DiscretizationCheckConfig:
-    """The options of ``discretization_check`` (True: the defaults), each value typed as the
-    command line's config types it: what converts there converts here (``{"parameters":
-    "no"}`` is false, ``{"dt_factor": "4"}`` is 4), anything else is a ValueError naming the
-    key."""
-    values = {} if values is True else dict(values)
-    try:
-        options = DiscretizationCheckConfig(**values)
-    except TypeError as err:
-        raise ValueError(f"discretization_check: {err}") from None
-    types = typing.get_type_hints(DiscretizationCheckConfig)
-    typed = {}
-    for option in dataclasses.fields(options):  # in the config's order, as the CLI checks
-        try:
-            typed[option.name] = _typed(types[option.name], getattr(options, option.name))
-        except ValueError as err:
-            raise ValueError(f"discretization_check.{option.name}: {err}") from None
-    return dataclasses.replace(options, **typed)
-
-
-def _typed(kind: type, value: Any) -> Any:
-    """``value`` as a config field of type ``kind`` (bool, int or float) holds it: a bool
-    from a bool, an int (nonzero: true) or a string saying one (``"yes"``, ``"off"``, ...);
-    an int from an int or a string of one; a float from a float, an int or a string of one
-    (a bool, a NumPy scalar or None is none of these)."""
-    if value is None:
-        raise ValueError(f"Incompatible value 'None' for field of type '{kind.__name__}'")
-    if kind is bool:
-        return _typed_bool(value)
-    accepted = (str, int) if kind is int else (float, str, int)
-    if type(value) in accepted:
-        with contextlib.suppress(ValueError):
-            return kind(value)
-    name = "Integer" if kind is int else "Float"
-    raise ValueError(f"Value '{value}' of type '{_type_name(value)}' could not be converted "
-                     f"to {name}")
-
-
-def _typed_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return value != 0
-    if isinstance(value, str):
-        with contextlib.suppress(ValueError):
-            return int(value) != 0
-        if value.lower() in ("yes", "y", "on", "true"):
-            return True
-        if value.lower() in ("no", "n", "off", "false"):
-            return False
-    raise ValueError(f"Value '{value}' is not a valid bool (type {_type_name(value)})")
-
-
-def _type_name(value: Any) -> str:
-    kind = type(value)
-    return kind.__qualname__ if kind.__module__ == "builtins" else (
-        f"{kind.__module__}.{kind.__qualname__}")

@@ -42,12 +42,12 @@ MAX_MODULE_LINES = 520
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(ROOT)
-    parts = ["pdefit", *rel.parts[1:]] if rel.parts[0] == "systems" else list(rel.parts)
-    if rel.parts[0] == "systems":
-        parts.insert(1, "systems")
-    parts[-1] = parts[-1].removesuffix(".py")
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[0] == "systems":  # installed as pdefit.systems
+        parts.insert(0, "pdefit")
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
 def sources() -> list[Path]:

@@ -10,12 +10,13 @@ dicts in the schema and checked against the chosen system when the fit is assemb
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any, TypeVar
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ValidationError
 
 from pdefit.app.schema import to_frozen, writable
 from pdefit.options import FitConfig, SimulateMainConfig
@@ -46,6 +47,20 @@ def to_options(cfg: DictConfig, options: type[Options] = FitConfig) -> Options: 
     merged = OmegaConf.merge(schema(options), node)
     OmegaConf.resolve(merged)
     return to_frozen(OmegaConf.to_object(merged), options)
+
+
+def typed_options(options: type[Options], values: Mapping[str, Any], key: str) -> Options:
+    """Plain ``values`` (a Python caller's keyword mapping) as frozen ``options``, each typed
+    as the command line's config types it (``{"parameters": "no"}`` is false, ``{"dt_factor":
+    "4"}`` is 4); an unknown key or a value its type cannot hold is a ValueError naming
+    ``key`` (and the field)."""
+    try:
+        node = OmegaConf.structured(writable(options)(**values))
+    except TypeError as err:
+        raise ValueError(f"{key}: {err}") from None
+    except ValidationError as err:
+        raise ValueError(f"{key}.{err.full_key}: {err.msg}") from None
+    return to_frozen(OmegaConf.to_object(node), options)
 
 
 def as_options(cfg: Any, options: type[Options] = FitConfig) -> Options:  # type: ignore[assignment]
