@@ -1,16 +1,20 @@
-"""The bad-input table of issue 16: every case that used to be accepted silently or refused
-only late, run through the real command line, with its exit status, message and seconds to
-fail.
+"""The bad-input table of issues 16 and 25: every case that used to be accepted silently,
+refused only late, answered with a traceback or that destroyed files, run through the real
+command line, with its exit status, seconds to fail, whether a traceback was printed and the
+message.
 
-    .venv/bin/python benchmarks/bad_inputs.py [WORKDIR]
+    .venv/bin/python benchmarks/bad_inputs.py [WORKDIR] [--only 25]
 
-Prints a Markdown table (case, exit, seconds, message). Each case is a fresh process on a
-16×16 Aliev–Panfilov problem; the resume and dataset cases first make the run or dataset they
-damage.
+Prints a Markdown table (case, exit, seconds, traceback, message). Each case is a fresh process
+on a 16×16 Aliev–Panfilov problem; the resume, dataset and file cases first make the run,
+dataset or user folder they would damage and say "[FILES CHANGED]" if anything of it changed.
+The user systems of the issue's cases are in benchmarks/bad_user_system.py.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 import shutil
 import subprocess
@@ -47,9 +51,11 @@ WARNED = {
 }
 
 
-def run(args: list[str], cwd: Path) -> tuple[int, float, str]:
+def run(args: list[str], cwd: Path, env: dict[str, str] | None = None,
+        ) -> tuple[int, float, str]:
     started = time.perf_counter()
-    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(args, cwd=cwd, capture_output=True, text=True, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
     return done.returncode, time.perf_counter() - started, done.stdout + done.stderr
 
 
@@ -58,22 +64,40 @@ def message(output: str, warning: bool = False) -> str:
     if warning:
         found = [x for x in lines if "[WARNING]" in x and "backend" not in x]
         return re.sub(r"^\[.*?\]\[.*?\]\[WARNING\] - ", "", found[0]) if found else "(none)"
+    one_line = [x for x in lines if re.match(r"^pdefit-[a-z]+: error: ", x)]
+    if one_line:
+        return one_line[-1]
     errors = [x for x in lines if re.match(r"^[A-Za-z_.]*(Error|Exception)\b", x)]
     return errors[-1] if errors else (lines[-1] if lines else "")
+
+
+def traceback_shown(output: str) -> str:
+    return "yes" if "Traceback (most recent call last)" in output else "no"
+
+
+def checksum(path: Path) -> str:
+    """Of every file under ``path`` (names and bytes), or of ``path`` itself."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for file in files:
+        digest.update(str(file.relative_to(path) if path.is_dir() else file.name).encode())
+        digest.update(file.read_bytes())
+    return digest.hexdigest()
 
 
 def fit(run_dir: Path, *overrides: str) -> list[str]:
     return [str(BIN / "pdefit-fit"), f"run.dir={run_dir}", *TINY, *overrides]
 
 
-def table(work: Path) -> list[tuple[str, int, float, str]]:
+def table(work: Path) -> list[tuple[str, int, float, str, str]]:
     rows = []
     for case, overrides in SIMPLE.items():
         code, seconds, out = run(fit(work / "x", *overrides), work)
-        rows.append((case, code, seconds, message(out)))
+        rows.append((case, code, seconds, traceback_shown(out), message(out)))
     for case, overrides in WARNED.items():
         code, seconds, out = run(fit(work / f"w{len(rows)}", *overrides), work)
-        rows.append((case + " (warning)", code, seconds, message(out, warning=True)))
+        rows.append((case + " (warning)", code, seconds, traceback_shown(out),
+                     message(out, warning=True)))
 
     # Resume of a finished run with changed settings; the run must stay untouched.
     done = work / "done"
@@ -84,14 +108,15 @@ def table(work: Path) -> list[tuple[str, int, float, str]]:
                             "resume with fit.params=[k]": ["fit.params=[k]"]}.items():
         code, seconds, out = run(fit(done, *ADAM, *overrides), work)
         untouched = (done / "data.zarr" / "zarr.json").stat().st_mtime_ns == data
-        rows.append((case, code, seconds,
+        rows.append((case, code, seconds, traceback_shown(out),
                      message(out) + ("" if untouched else "  [DATA CHANGED]")))
     code, seconds, out = run(fit(done, *ADAM, "optim.steps=9"), work)
-    rows.append(("resume with optim.steps 6 → 9 (allowed)", code, seconds,
+    rows.append(("resume with optim.steps 6 → 9 (allowed)", code, seconds, traceback_shown(out),
                  message(out, warning=False) if code else "continued to step 9"))
     code, seconds, out = run([str(BIN / "pdefit-evaluate"), str(done), "evaluate.horizon=-1"],
                              work)
-    rows.append(("pdefit-evaluate evaluate.horizon=-1", code, seconds, message(out)))
+    rows.append(("pdefit-evaluate evaluate.horizon=-1", code, seconds, traceback_shown(out),
+                 message(out)))
 
     # Damaged datasets (frames_per_shard=2: shards hold frames 0-1, 2-3, 4).
     pristine = work / "pristine.zarr"
@@ -111,18 +136,24 @@ def table(work: Path) -> list[tuple[str, int, float, str]]:
         else:
             shard.unlink()
         code, seconds, out = run(fit(work / f"d{len(rows)}", f"data.path={path}", *extra), work)
-        rows.append((case, code, seconds, message(out, warning="warning" in case)))
+        rows.append((case, code, seconds, traceback_shown(out),
+                     message(out, warning="warning" in case)))
     return rows
 
 
 def main() -> None:
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(tempfile.mkdtemp(prefix="bad-"))
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    only_25 = "--only" in sys.argv
+    work = Path(args[0]) if args else Path(tempfile.mkdtemp(prefix="bad-"))
     work.mkdir(parents=True, exist_ok=True)
-    rows = table(work)
-    print("| case | exit | seconds | message |\n|---|---|---|---|")
-    for case, code, seconds, text in rows:
+    rows = [] if only_25 else table(work)
+    from bad_inputs_25 import table_25  # beside this script
+
+    rows += table_25(work, fit, run, message, traceback_shown, checksum, TINY, ADAM)
+    print("| case | exit | seconds | traceback | message |\n|---|---|---|---|---|")
+    for case, code, seconds, shown, text in rows:
         text = text.replace("|", "\\|")
-        print(f"| {case} | {code} | {seconds:.1f} | {text[:300]} |")
+        print(f"| {case} | {code} | {seconds:.1f} | {shown} | {text[:300]} |")
 
 
 if __name__ == "__main__":

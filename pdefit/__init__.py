@@ -20,6 +20,7 @@ from pdefit.adjoint import (  # noqa: E402
     revolve_plan,
     snapshots_for_budget,
 )
+from pdefit.data.recording import write_recording as write_dataset  # noqa: E402
 from pdefit.fitting.observe import Observation, ObservedData, observed_data  # noqa: E402
 from pdefit.fitting.problem import Batch, FitProblem, Regularization  # noqa: E402
 from pdefit.model.params import ParameterLayout, ParamSpec  # noqa: E402
@@ -27,7 +28,15 @@ from pdefit.model.system import System, SystemEvaluation  # noqa: E402
 from pdefit.numerics.grid import Grid  # noqa: E402
 from pdefit.numerics.integrate import make_stepper, simulate  # noqa: E402
 
-from .api import FitResult, FitSetup, build_problem, fit, get_system, open_dataset  # noqa: E402
+from .api import (  # noqa: E402
+    FitResult,
+    FitSetup,
+    build_problem,
+    fit,
+    get_system,
+    open_dataset,
+    simulate_dataset,
+)
 
 try:
     __version__ = version("pdefit")
@@ -60,5 +69,7 @@ __all__ = [
     "open_dataset",
     "revolve_plan",
     "simulate",
+    "simulate_dataset",
     "snapshots_for_budget",
+    "write_dataset",
 ]

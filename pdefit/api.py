@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -36,10 +37,10 @@ import yaml
 from pdefit import data as zd
 from pdefit.app.config import typed_options
 from pdefit.app.validate import validate_discretization_check
-from pdefit.fitting import assemble, discretization
+from pdefit.fitting import assemble, discretization, outcome, synthetic
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
-from pdefit.model.system import System
+from pdefit.model.system import System, made_by, system_reference
 from pdefit.model.system import get_system as _get_system
 from pdefit.numerics.grid import Grid
 from pdefit.options import (
@@ -49,10 +50,13 @@ from pdefit.options import (
     FitConfig,
     FitSpecConfig,
     GridConfig,
+    NoiseConfig,
     ObserveConfig,
     OptimConfig,
     PerturbConfig,
     RegularizationConfig,
+    SimulateCommandConfig,
+    SimulateMainConfig,
     SystemConfig,
 )
 from pdefit.parallel.processes import host_array
@@ -60,15 +64,20 @@ from pdefit.runtime.checkpoint import CHECKPOINT_DIR, CheckpointOptions
 
 log = logging.getLogger("pdefit")
 
-__all__ = ["FitResult", "FitSetup", "build_problem", "fit", "get_system", "open_dataset"]
+__all__ = ["FitResult", "FitSetup", "build_problem", "fit", "get_system", "open_dataset",
+           "simulate_dataset"]
 
 FitSetup = assemble.FitSetup
 
 
 def get_system(name: str, **options: Any) -> System:
     """The system called ``name``: a built-in one (the names of ``pdefit.systems.REGISTRY``),
-    an import path ``"package.module:Class"`` or a name installed under the ``pdefit.systems``
-    entry-point group; ``options`` are its static options (e.g. ``laplacian="9pt"``)."""
+    an import path ``"package.module:Class"`` (what a dataset of a user's system records as
+    ``ds.meta.system``) or a name installed under the ``pdefit.systems`` entry-point group;
+    ``options`` are its static options (e.g. ``laplacian="9pt"``). A system that breaks the
+    contract (a parameter that is not a ``ParamSpec``, no fields, ...) raises
+    :class:`pdefit.model.system.SystemCheckError` naming it; its hooks are checked on a grid
+    when a fit or a simulation uses it."""
     return _get_system(name, **options)
 
 
@@ -167,9 +176,18 @@ def _system_options(system: System, meta: zd.DatasetMeta, params: Mapping[str, A
     # How the dataset was made says how to fit it only when this system made it (a
     # surrogate fit of another system's data steps its own way).
     made = ((meta.provenance or {}).get("discretization") or {}
-            if meta.system == system.name else {})
-    if dt is None:
+            if made_by(meta.system, system) else {})
+    if dt is None and meta.dt is not None:
         dt = meta.dt * int(made.get("dt_factor", 1))
+    if dt is None:  # a recording: no model made it, so the system's default step, if any
+        preset = files("pdefit.conf") / "system" / f"{system.name}.yaml"
+        dt = getattr(system, "default_dt", None) or (
+            (yaml.safe_load(preset.read_text()) or {}).get("dt")
+            if system.name.isidentifier() and preset.is_file() else None)
+    if dt is None:
+        raise ValueError(f"dt=… is required: the dataset records no model time step "
+                         f"and system {system.name!r} declares no default_dt; pass "
+                         "build_problem(..., dt=<a step that divides the frame times>)")
     if integrator is None:
         integrator = str(made.get("integrator", "euler"))
     return SystemConfig(
@@ -205,12 +223,65 @@ def frames_dataset(path: str | PathLike, system: System, frames: Mapping[str, An
     if steps < 1 or abs(steps * dt - frame_interval) > 1e-9 * frame_interval:
         raise ValueError(f"frame_interval={frame_interval} is not a multiple of dt={dt}")
     meta = zd.DatasetMeta(
-        system=system.name, fields=tuple(arrays), grid_shape=grid.shape,
-        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=float(dt),
-        steps_per_frame=steps, t0=0.0, n_frames=n_frames, n_experiments=n_experiments)
+        system=system_reference(system), fields=tuple(arrays), grid_shape=grid.shape,
+        grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=None, steps_per_frame=None,
+        t0=0.0, n_frames=n_frames, n_experiments=n_experiments,
+        # Frames in memory are observations, not our simulation: they record times only.
+        frame_times=tuple(k * float(frame_interval) for k in range(n_frames)))
     masks = {k: np.isfinite(v) for k, v in arrays.items() if not np.isfinite(v).all()}
     zd.write_dataset(path, meta, arrays, masks)
     return Path(path)
+
+
+def simulate_dataset(system: System | str, path: str | PathLike, *, grid: Grid, dt: float,
+                     n_frames: int, steps_per_frame: int, n_experiments: int = 1,
+                     seed: int = 0, params: Mapping[str, Any] | None = None,
+                     noise_sigma: float = 0.0, noise_kind: str = "additive",
+                     integrator: str = "euler", fields: Sequence[str] | None = None,
+                     precision: str | None = None, overwrite: bool = False) -> zd.Dataset:
+    """Simulate ``system`` (a :class:`~pdefit.System`, or a name as :func:`get_system` takes
+    it) into a new dataset at ``path`` and open it: ``n_experiments`` runs from the system's
+    initial states (seeds ``seed``, ``seed + 1``, ...) with ``params`` (default: the
+    system's defaults), ``n_frames`` frames each ``steps_per_frame`` steps of ``dt`` apart
+    with ``integrator``, on ``grid``; ``noise_sigma`` > 0 adds ``noise_kind`` noise
+    (``additive`` or ``relative``); ``fields`` names the written fields (default: the state's).
+    The same simulation and checks as ``pdefit-simulate`` (:mod:`pdefit.fitting.synthetic`),
+    so ``build_problem`` and :func:`fit` can recover ``params`` from it. An existing ``path``
+    is replaced only with ``overwrite=True``, and only when it is a pdefit dataset."""
+    if Path(path).exists() and not overwrite:
+        raise zd.DatasetError(f"{path} already exists; pass overwrite=True to replace it")
+    name, options = _system_reference(system)
+    if precision is None:
+        precision = "float64" if jax.config.jax_enable_x64 else "float32"
+    dtype = assemble.set_precision(precision)
+    sim = SimulateCommandConfig(
+        seed=int(seed), n_experiments=int(n_experiments), n_frames=int(n_frames),
+        steps_per_frame=int(steps_per_frame), output=str(path), overwrite=overwrite,
+        noise=NoiseConfig(kind=noise_kind if noise_sigma else "none",
+                          sigma=float(noise_sigma), seed=int(seed)),
+        fields=None if fields is None else list(fields))
+    cfg = SimulateMainConfig(
+        system=SystemConfig(name=name, options=options, params=dict(params or {}),
+                            grid=GridConfig(list(grid.shape), list(grid.spacing),
+                                            list(grid.boundaries)),
+                            dt=float(dt), integrator=integrator),
+        simulate=sim, precision=precision)
+    synthetic.simulate_dataset(cfg, Path(path), dtype, log=log.info)
+    return open_dataset(path)
+
+
+def _system_reference(system: System | str) -> tuple[str, dict[str, Any]]:
+    """(name, options) that :func:`get_system` builds ``system`` from: a built-in's name, or
+    its class's import path; the options are its dataclass fields."""
+    if isinstance(system, str):
+        return system, {}
+    cls = type(system)
+    builtin = getattr(importlib.import_module("pdefit.systems"), "REGISTRY", {})
+    name = (system.name if builtin.get(system.name) is cls
+            else f"{cls.__module__}:{cls.__qualname__}")
+    options = ({f.name: getattr(system, f.name) for f in dataclasses.fields(system) if f.init}
+               if dataclasses.is_dataclass(system) else {})
+    return name, options
 
 
 @dataclass(frozen=True)
@@ -220,7 +291,14 @@ class FitResult:
     ``start`` and ``reference`` (true values, when the dataset has them) of the shared
     scalars, ``losses`` per step, ``best_loss``, ``steps`` taken, ``theta`` the optimiser's
     best point, the full :class:`~pdefit.fitting.train.FitHistory` and ``discretization``, the
-    discretization check (:func:`pdefit.fitting.discretization.check`; None when skipped)."""
+    discretization check (:func:`pdefit.fitting.discretization.check`; None when skipped).
+
+    As the command line's ``summary.json`` and ``status.json`` say them: ``stop_reason`` why
+    the optimiser stopped (``converged``, ``stalled``, ``steps_done``, ...), ``uncertainty``
+    the standard errors and 95 % intervals of the fitted shared scalars (the ``uncertainty``
+    block, :func:`pdefit.fitting.uncertainty.estimate`; None when skipped; see
+    :attr:`intervals`) and ``residual`` the verdict on the residual (noise, rounding, model
+    error, ...: :func:`pdefit.fitting.outcome.residual_verdict`; None when skipped)."""
 
     params: dict[str, Any]
     fields: dict[str, np.ndarray]
@@ -232,12 +310,23 @@ class FitResult:
     theta: Any
     history: FitHistory
     discretization: dict[str, Any] | None = None
+    stop_reason: str = ""
+    uncertainty: dict[str, Any] | None = None
+    residual: dict[str, Any] | None = None
 
     def relative_errors(self) -> dict[str, float]:
         """|fitted − true| / |true| of each fitted scalar with a known nonzero truth."""
         ref = self.reference or {}
         return {k: abs(v - ref[k]) / abs(ref[k]) for k, v in self.params.items()
                 if isinstance(v, float) and ref.get(k)}
+
+    @property
+    def intervals(self) -> dict[str, tuple[float, float]]:
+        """The 95 % interval (low, high) of each fitted shared scalar that has one (those the
+        data do not determine have none; their flag is in ``uncertainty``)."""
+        rows = (self.uncertainty or {}).get("parameters") or {}
+        return {name: (row["ci95_low"], row["ci95_high"]) for name, row in rows.items()
+                if row.get("ci95_low") is not None}
 
 
 def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -> OptimConfig:
@@ -258,7 +347,7 @@ def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -
 
 def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         progress: bool = False, run_dir: str | PathLike | None = None,
-        discretization_check: bool | Mapping[str, Any] = True,
+        discretization_check: bool | Mapping[str, Any] = True, uncertainty: bool = True,
         **options: Any) -> FitResult:
     """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
     ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
@@ -267,14 +356,13 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     writes ``metrics.jsonl`` and Orbax checkpoints there and resumes from them.
     ``discretization_check``: after the fit, re-run the fitted model at a finer time step
     (the keys of :class:`pdefit.options.DiscretizationCheckConfig`, e.g. ``{"dt_factor": 4,
-    "parameters": True}``; False skips it); the result is ``FitResult.discretization``."""
+    "parameters": True}``; False skips it); the result is ``FitResult.discretization``.
+    ``uncertainty``: the fitted scalars' 95 % intervals and the residual's verdict
+    (``FitResult.uncertainty``, ``.intervals``, ``.residual``; one forward-tangent sweep
+    after the fit, as ``fit.uncertainty`` on the command line; False skips them)."""
     problem = setup.problem
     cfg = optimizer_config(optimizer, steps, **options)
-    check = None
-    if discretization_check is not False:
-        values = {} if discretization_check is True else dict(discretization_check)
-        check = typed_options(DiscretizationCheckConfig, values, "discretization_check")
-        validate_discretization_check(check, "discretization_check", problem)
+    check = _discretization_options(discretization_check, problem)
     curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)
     if out is not None:
@@ -292,18 +380,63 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         metrics_path=None if out is None else out / "metrics.jsonl",
         checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR))
     theta = history.best_theta
+    fitted, fields = _fitted_values(problem, theta)
+    intervals, report, residual = _assessment(setup, theta, check, uncertainty)
+    return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
+                     list(history.losses), float(history.best_loss), int(state.step), theta,
+                     history, report, stop_reason=history.stop_reason,
+                     uncertainty=intervals, residual=residual)
+
+
+def _discretization_options(requested: bool | Mapping[str, Any], problem: Any,
+                            ) -> DiscretizationCheckConfig | None:
+    """``fit(discretization_check=...)`` as typed options, checked before the fit (None:
+    skipped)."""
+    if requested is False:
+        return None
+    values = {} if requested is True else dict(requested)
+    check = typed_options(DiscretizationCheckConfig, values, "discretization_check")
+    validate_discretization_check(check, "discretization_check", problem)
+    return check
+
+
+def _fitted_values(problem: Any, theta: Any) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
+    """The fitted parameters in physical units (floats for scalars) and initial fields."""
     physical = problem.physical_params(theta)
     fitted = {}
     for name in problem.layout.fitted:
         value = host_array(physical[name])
         fitted[name] = float(value) if np.ndim(value) == 0 else value
     fields = {k: host_array(v) for k, v in theta.get("fields", {}).items()}
+    return fitted, fields
+
+
+def _assessment(setup: FitSetup, theta: Any, check: DiscretizationCheckConfig | None,
+                uncertainty: bool) -> tuple[dict | None, dict | None, dict | None]:
+    """(intervals, discretization check, residual verdict) of the fitted ``theta``, made
+    as the command line makes them for summary.json (each None where skipped)."""
+    problem = setup.problem
+    intervals, curvature = None, None
+    if uncertainty:
+        intervals, curvature = outcome.intervals(problem, theta, setup.batch,
+                                                 _recorded_noise(setup), log=log.info)
     report = None
     if check is not None and check.enabled:
         report = discretization.check(problem, theta, setup.batch, check, setup.meta,
-                                      log=log.info)
+                                      log=log.info, curvature=curvature)
         if report["verdict"] == discretization.WARNING:
             log.warning(report["message"])
-    return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
-                     list(history.losses), float(history.best_loss), int(state.step), theta,
-                     history, report)
+    if intervals is None:
+        return None, report, None
+    if report is not None:
+        intervals = discretization.mark_intervals(intervals, report)
+    return intervals, report, outcome.residual_verdict(intervals)
+
+
+def _recorded_noise(setup: FitSetup) -> Mapping[str, Any] | None:
+    """The dataset's noise record, where its data come from the fitted system (another
+    system's data carry that system's error too, which the noise level does not cover)."""
+    meta = setup.meta
+    if meta is None or not (meta.system == "" or made_by(meta.system, setup.problem.system)):
+        return None
+    return meta.noise

@@ -177,6 +177,7 @@ class RayleighBenard:
     name: ClassVar[str] = "rayleigh_benard"
     fields: ClassVar[tuple[str, ...]] = ("u", "w", "theta")
     stencil_radius: ClassVar[int] = 1
+    spatial_mesh: ClassVar[bool] = False  # the pressure solve needs the whole grid
     params: ClassVar[dict[str, ParamSpec]] = {
         "Ra": ParamSpec(1.0e4, "log", unit="1", doc="Rayleigh number gαΔT d³/(νκ)"),
         "Pr": ParamSpec(0.71, "log", unit="1", doc="Prandtl number ν/κ"),

@@ -98,6 +98,7 @@ class SphereNS:
     fields: ClassVar[tuple[str, ...]] = ("zeta",)
     observable_names: ClassVar[tuple[str, ...]] = OBSERVABLES
     stencil_radius: ClassVar[int] = 0  # spectral: no halos (runs on one device)
+    spatial_mesh: ClassVar[bool] = False  # the transforms need the whole grid
     # Dimensionless: lengths in R, times in the unit of ν's and Ω's values.
     time_unit: ClassVar[str] = "1"
     field_info: ClassVar[dict[str, tuple[str, str]]] = {

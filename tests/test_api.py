@@ -148,3 +148,56 @@ def test_every_public_name_has_a_docstring():
         if len(doc) < 20 or doc.startswith(f"{name}("):
             missing.append(name)
     assert not missing, missing
+
+
+def test_simulate_dataset_then_fit_reports_intervals_verdict_and_stop_reason(tmp_path):
+    """pdefit.simulate_dataset writes a dataset from Python (no config names) that
+    build_problem and fit recover from; the result carries the command line's 95 %
+    intervals, the residual's verdict and why the optimiser stopped."""
+    system = pdefit.get_system("aliev_panfilov", initial="blobs")
+    grid = pdefit.Grid((12, 12), (1.0, 1.0), ("neumann", "neumann"))
+    ds = pdefit.simulate_dataset(system, tmp_path / "noisy.zarr", grid=grid, dt=0.05,
+                                 n_frames=5, steps_per_frame=10, params={"k": 7.0},
+                                 noise_sigma=1e-3, precision="float64")
+    meta = ds.meta
+    assert meta.grid_shape == (12, 12) and meta.n_frames == 5 and meta.true_params["k"] == 7.0
+    assert meta.noise == {"kind": "additive", "sigma": 1e-3, "seed": 0}
+    with pytest.raises(DatasetError, match="overwrite=True"):
+        pdefit.simulate_dataset(system, ds.path, grid=grid, dt=0.05, n_frames=5,
+                                steps_per_frame=10)
+
+    setup = pdefit.build_problem(system, ds, fit=["k"], start={"k": 6.0})
+    result = pdefit.fit(setup, optimizer="lbfgs", steps=40, discretization_check=False)
+    assert result.stop_reason == result.history.stop_reason == "converged"
+    low, high = result.intervals["k"]
+    assert low < 7.0 < high and high - low < 0.1
+    assert result.uncertainty["sigma_source"] == "dataset"
+    # The initial state is the noisy first frame: its noise is carried into the later ones.
+    assert result.uncertainty["copied_initial_values"] > 0
+    assert result.residual["verdict"] == "noise", result.residual
+    assert 1.0 < result.residual["reduced_chi2"] < 2.0
+    assert "carried by the initial state" in result.residual["message"]
+    assert result.residual["noise_sigma"] == 1e-3
+
+    short = pdefit.fit(setup, optimizer="adam", steps=2, lr=0.05, uncertainty=False,
+                       discretization_check=False)
+    assert short.stop_reason == "steps_done" and short.steps == 2
+    assert short.uncertainty is None and short.residual is None and short.intervals == {}
+
+
+def test_residual_verdicts():
+    from pdefit.fitting.outcome import residual_verdict
+
+    block = {"available": True, "rss": 100e-6, "n_values": 101, "dof": 100,
+             "sigma": 1e-3, "sigma_source": "dataset", "residual_at_roundoff": False}
+    assert residual_verdict(block)["verdict"] == "noise"
+    copied = {**block, "rss": 170e-6, "copied_initial_values": 144}
+    assert residual_verdict(copied)["verdict"] == "noise"
+    assert residual_verdict({**copied, "copied_initial_values": 0})["verdict"] == "above_noise"
+    assert residual_verdict({**block, "rss": 400e-6})["verdict"] == "above_noise"
+    assert residual_verdict({**block, "rss": 10e-6})["verdict"] == "below_noise"
+    assert residual_verdict({**block, "model_error_dominated": True})["verdict"] == "model_error"
+    estimated = {**block, "sigma_source": "residual"}
+    assert residual_verdict(estimated)["verdict"] == "estimated"
+    assert residual_verdict({**estimated, "residual_at_roundoff": True})["verdict"] == "roundoff"
+    assert residual_verdict({"available": False, "reason": "x"})["verdict"] == "unknown"

@@ -95,22 +95,22 @@ def test_run_dir_is_hydra_output_directory():
 
 
 def test_simulate_writes_where_asked_and_overwrites_only_with_consent(tmp_path):
+    from pdefit.data import open_dataset
+
     target = tmp_path / "sub" / "d.zarr"
-    target.mkdir(parents=True)
-    (target / "precious").write_text("an earlier dataset")
     args = [*TINY, "simulate.output=sub/d.zarr", "simulate.n_experiments=2"]
+    earlier = command("pdefit-simulate", *TINY, "simulate.output=sub/d.zarr", cwd=tmp_path)
+    assert earlier.returncode == 0, earlier.stderr[-3000:]
     refused = command("pdefit-simulate", *args, cwd=tmp_path)
     assert refused.returncode != 0
     assert f"simulate.output: {target} exists" in refused.stderr
     assert "simulate.overwrite=true" in refused.stderr
-    assert (target / "precious").exists()
+    assert open_dataset(target).meta.n_experiments == 1
 
+    # Only a pdefit dataset is replaced (tests/test_file_safety.py: nothing else).
     done = command("pdefit-simulate", *args, "simulate.overwrite=true", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    from pdefit.data import open_dataset
-
     assert open_dataset(target).meta.n_experiments == 2
-    assert not (target / "precious").exists()
     # Only the dataset: no run directory, no Hydra record, no log, no temporary left over.
     assert sorted(p.name for p in tmp_path.rglob("*") if p.parent in (tmp_path, target.parent)
                   ) == ["d.zarr", "sub"]

@@ -188,6 +188,59 @@ def test_format_version_1_still_read(written: tuple) -> None:
     np.testing.assert_array_equal(ds.read("v", 1, [0, 4]), values["v"][1, [0, 4]])
 
 
+def test_format_version_2_still_read(written: tuple) -> None:
+    """A dataset of format version 2 (a simulation's dt and steps_per_frame, always there)
+    reads as before: times from t0 + k·steps_per_frame·dt, checked against its array."""
+    path, meta, values, _ = written
+    group = zarr.open_group(path, mode="r+", zarr_format=3)
+    group.attrs["format_version"] = 2
+    ds = open_dataset(path)
+    assert ds.meta == meta and ds.meta.frame_times is None
+    assert ds.meta.dt == 0.01 and ds.meta.frame_interval == pytest.approx(0.1)
+    np.testing.assert_array_equal(ds.read("u"), values["u"])
+
+
+def recording_meta(times: tuple[float, ...], **overrides: Any) -> DatasetMeta:
+    """The metadata of a recording: no dt or steps_per_frame, its own times."""
+    return make_meta(**{"system": "", "dt": None, "steps_per_frame": None, "t0": times[0],
+                        "n_frames": len(times), "frame_times": times, "true_params": None,
+                        "noise": {"kind": "none"}, **overrides})
+
+
+def test_a_recording_has_times_and_no_model_step(tmp_path: Path) -> None:
+    times = (0.5, 1.0, 2.0, 2.25, 3.0)  # uneven
+    meta = recording_meta(times)
+    write_dataset(tmp_path / "rec", meta, make_values())
+    ds = open_dataset(tmp_path / "rec")
+    assert ds.meta == meta and ds.meta.dt is None and ds.meta.system == ""
+    np.testing.assert_array_equal(ds.meta.times, times)
+    attrs = zarr.open_group(tmp_path / "rec", mode="r").attrs.asdict()
+    assert attrs["dt"] is None and attrs["steps_per_frame"] is None
+    assert not ds.meta.uniform_times
+    with pytest.raises(DatasetError, match="not evenly spaced"):
+        _ = ds.meta.frame_interval
+    even = recording_meta((1.0, 1.5, 2.0, 2.5, 3.0))
+    assert even.uniform_times and even.frame_interval == 0.5
+    # No system: the name is not checked, the fields and grid are.
+    validate_dataset(ds, **{**VALID_CONFIG, "system": "anything", "dt": 0.3})
+    with pytest.raises(DatasetError, match="grid shape mismatch"):
+        validate_dataset(ds, **{**VALID_CONFIG, "system": "anything", "grid_shape": (8, 8)})
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"frame_times": None}, "frame_times .* required"),
+    ({"frame_times": (0.0, 1.0, 1.0, 2.0, 3.0)}, "must increase"),
+    ({"frame_times": (0.0, 1.0)}, "2 times for n_frames=5"),
+    ({"t0": 7.0}, "t0=7.0 differs"),
+    ({"dt": 0.5, "steps_per_frame": 3}, "disagree with t0"),
+])
+def test_recording_times_are_checked(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(DatasetError, match=message):
+        recording_meta((0.0, 1.0, 2.0, 3.0, 4.0), **overrides)
+    # Times that agree with a simulation's stepping are accepted with it.
+    assert recording_meta((0.0, 1.0, 2.0, 3.0, 4.0), dt=0.5, steps_per_frame=2).frame_interval == 1
+
+
 SYSTEM_DATASETS = {  # tiny simulated datasets of each system: overrides, axes
     "aliev_panfilov": (["system.grid.shape=[6,8]", "+system.options.initial=blobs"],
                        ("y", "x")),
@@ -473,6 +526,9 @@ def test_structural_problems_on_open(written: tuple) -> None:
     with pytest.raises(DatasetError, match="array 'time' disagrees"):
         open_dataset(path)
     del group.attrs["dt"]
+    # Format 3: no dt is a recording, timed by its times array alone; format 2 required it.
+    assert open_dataset(path).meta.dt is None
+    group.attrs["format_version"] = 2
     with pytest.raises(DatasetError, match="attribute 'dt' is missing"):
         open_dataset(path)
 

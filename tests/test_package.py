@@ -17,7 +17,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = ("pdefit-simulate", "pdefit-fit", "pdefit-gradcheck", "pdefit-rank",
-           "pdefit-evaluate", "pdefit-lyapunov", "pdefit-sweep-summary")
+           "pdefit-evaluate", "pdefit-lyapunov", "pdefit-sweep-summary", "pdefit-import")
 
 # Run inside the fresh environment: the package comes from its site-packages, and every
 # installed console script answers --help (its script file run in this one process: each

@@ -185,6 +185,20 @@ def test_unstable_learning_rate_rolls_back_reduces_lr_and_stops_after_n(tmp_path
         fit_once(setup, cfg, tmp_path / "gives-up")
 
 
+def test_a_resume_never_goes_back_before_its_checkpoint(tmp_path):
+    """Fewer optim.steps than a run's checkpoint is refused (it used to rewrite the longer
+    run's results as if it had stopped at the checkpoint); as many or more go on."""
+    cfg, setup = setup_fit(tmp_path, "precision=float32", *ADAM, "optim.steps=12")
+    fit_once(setup, cfg, tmp_path / "ck")
+    cfg.optim.steps = 5
+    with pytest.raises(ResumeMismatchError, match=r"optim.steps: .* checkpointed at step "
+                                                  r"11, beyond optim.steps=5.*run.resume"):
+        fit_once(setup, cfg, tmp_path / "ck")
+    cfg.optim.steps = 13
+    _, history = fit_once(setup, cfg, tmp_path / "ck")
+    assert history.resumed_from == 11 and len(history.records) == 13
+
+
 def test_restore_onto_another_device_layout(tmp_path):
     """A state saved sharded over 2 devices comes back on a 2×2 mesh and on one device, bit
     for bit (what a requeued job on another mesh or process count sees)."""

@@ -5,6 +5,7 @@ dataset, and the system is found by import path and by entry point."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import re
@@ -14,9 +15,29 @@ import sys
 import textwrap
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import pytest
 
-from pdefit.model.system import get_system
+import pdefit
+from pdefit.fitting.components import check_mesh_operators
+from pdefit.fitting.synthetic import simulate_dataset
+from pdefit.model.system import (
+    SystemCheckError,
+    check_system_on,
+    default_params,
+    get_system,
+    system_reference,
+)
+from pdefit.numerics.grid import Grid
+from pdefit.options import (
+    FitConfig,
+    GridConfig,
+    MeshConfig,
+    SimulateCommandConfig,
+    SimulateMainConfig,
+    SystemConfig,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "write-your-own-pde.md"
@@ -123,3 +144,129 @@ def test_user_system_by_entry_point_and_bad_names(user_package, monkeypatch):
     """))
     with pytest.raises(ValueError, match=r"lacks \['fields', 'params'"):
         get_system("my_pkg.broken:NoPhysics")
+
+
+# Systems a user might write wrong (and one written right), subclasses of the page's model.
+VARIANTS = '''
+from typing import ClassVar
+
+import jax.numpy as jnp
+import numpy as np
+
+from pdefit import ParamSpec
+from my_pkg.models import GrayScott
+
+
+class MissingField(GrayScott):
+    name: ClassVar[str] = "missing_field"
+
+    def rhs(self, state, p, t, grid):
+        return {"u": super().rhs(state, p, t, grid)["u"]}
+
+
+class FloatParam(GrayScott):
+    params: ClassVar[dict] = {**GrayScott.params, "F": 0.04}
+
+
+class WrongShape(GrayScott):
+    def initial_state(self, grid, p, seed):
+        ny, nx = grid.shape
+        return {"u": jnp.ones((ny, nx + 1)), "v": jnp.zeros((ny, nx + 1))}
+
+
+def rolled_laplacian(u, spacing):
+    """The 5-point Laplacian with periodic neighbours taken by jnp.roll of the array itself."""
+    dy, dx = spacing
+    return ((jnp.roll(u, 1, -2) - 2 * u + jnp.roll(u, -1, -2)) / dy**2
+            + (jnp.roll(u, 1, -1) - 2 * u + jnp.roll(u, -1, -1)) / dx**2)
+
+
+class RolledGrayScott(GrayScott):
+    name: ClassVar[str] = "rolled_gray_scott"
+
+    def rhs(self, state, p, t, grid):
+        u, v = state["u"], state["v"]
+        uvv = u * v * v
+        return {"u": p["Du"] * rolled_laplacian(u, grid.spacing) - uvv + p["F"] * (1.0 - u),
+                "v": p["Dv"] * rolled_laplacian(v, grid.spacing) + uvv - (p["F"] + p["k"]) * v}
+
+
+class Renamed(GrayScott):
+    name: ClassVar[str] = "my_gray_scott"
+'''
+
+TINY_GRID = GridConfig([16, 16], [1.0, 1.0], ["periodic", "periodic"])
+
+
+@pytest.fixture
+def variants(user_package, monkeypatch) -> Path:
+    monkeypatch.syspath_prepend(str(user_package))
+    (user_package / "my_pkg" / "variants.py").write_text(VARIANTS)
+    return user_package
+
+
+def simulate_options(name: str, path: Path) -> SimulateMainConfig:
+    return SimulateMainConfig(
+        system=SystemConfig(name=name, grid=TINY_GRID, dt=0.5),
+        simulate=SimulateCommandConfig(n_frames=3, steps_per_frame=2, output=str(path)),
+        precision="float64")
+
+
+def test_user_system_hooks_checked_before_simulating(variants, tmp_path):
+    """Each mistake names the system and the hook (or parameter), and nothing is written."""
+    path = tmp_path / "data.zarr"
+    cases = {
+        "missing_field": ("MissingField", r"system 'missing_field': rhs returned fields "
+                          r"\['u'\] for state fields \['u', 'v'\].*every field needs its time "
+                          r"derivative"),
+        "wrong_shape": ("WrongShape", r"system 'gray_scott': initial_state returned field 'u' "
+                        r"of shape \(16, 17\); the grid's shape is \(16, 16\)"),
+    }
+    for name, pattern in cases.values():
+        with pytest.raises(SystemCheckError, match=pattern):
+            simulate_dataset(simulate_options(f"my_pkg.variants:{name}", path), path,
+                             jnp.float64, log=lambda _: None)
+        assert not path.exists()
+    with pytest.raises(SystemCheckError, match=r"system 'gray_scott': parameter 'F' is a float "
+                       r"\(0\.04\), not a pdefit\.ParamSpec; write 'F': ParamSpec\(0\.04\)"):
+        get_system("my_pkg.variants:FloatParam")
+    # The same checks for a system object handed to the Python API (no get_system).
+    system = importlib.import_module("my_pkg.variants").MissingField()
+    with pytest.raises(SystemCheckError, match="rhs returned fields"):
+        check_system_on(system, Grid((64, 64), (1.0, 1.0)), default_params(system))
+
+
+def test_halo_ignoring_operators_refused_on_a_mesh(variants):
+    """A Laplacian built from jnp.roll runs on tiles with periodic neighbours inside each tile:
+    refused on a 2×2 mesh, pointing to pdefit.numerics.stencils; the page's model (stencils
+    on grid.pad blocks) passes, and so does the rolled one on one device."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 (virtual) devices")
+
+    def options(name: str, mesh: list[int]) -> FitConfig:
+        return FitConfig(system=SystemConfig(name=name, grid=TINY_GRID, dt=0.5),
+                         mesh=MeshConfig(shape=mesh), precision="float64")
+
+    with pytest.raises(SystemCheckError, match=r"system 'rolled_gray_scott'.*mesh\.shape="
+                       r"\[2, 2\].*ignore the halo.*jnp\.roll.*pdefit\.numerics\.stencils"):
+        check_mesh_operators(options("my_pkg.variants:RolledGrayScott", [2, 2]))
+    check_mesh_operators(options("my_pkg.variants:RolledGrayScott", [1, 1]))
+    check_mesh_operators(options("my_pkg.models:GrayScott", [2, 2]))
+    check_mesh_operators(options("my_pkg.models:GrayScott", [1, 4]))
+
+
+def test_dataset_of_a_user_system_names_its_class(variants, tmp_path):
+    """A dataset records the import path of a user's system, which finds it again and is
+    accepted by a fit of it; an installed name stays the name."""
+    renamed = get_system("my_pkg.variants:Renamed")
+    assert system_reference(renamed) == "my_pkg.variants:Renamed"
+    assert system_reference(get_system("my_pkg.models:GrayScott")) == "gray_scott"  # installed
+    assert system_reference(get_system("aliev_panfilov")) == "aliev_panfilov"
+    path = tmp_path / "renamed.zarr"
+    simulate_dataset(simulate_options("my_pkg.variants:Renamed", path), path, jnp.float64,
+                     log=lambda _: None)
+    ds = pdefit.open_dataset(path)
+    assert ds.meta.system == "my_pkg.variants:Renamed"
+    assert type(pdefit.get_system(ds.meta.system)) is type(renamed)
+    setup = pdefit.build_problem(pdefit.get_system(ds.meta.system), ds, fit=["F"])
+    assert setup.problem.system.name == "my_gray_scott"

@@ -39,6 +39,31 @@ BAD = {
     "checkpoint_every 0": (["run.checkpoint_every=0"],
                            "run.checkpoint_every must be an integer >= 1"),
     "zero dt": (["system.dt=0"], "system.dt must be > 0"),
+    # Issue 25: formerly accepted silently, or refused only after the data were simulated.
+    "unknown key with +": (["+optim.lrr=0.1"], "optim.lrr: unknown key; did you mean optim.lr?"),
+    "data=zarr without data.path": (["data=zarr"], "data.path is required"),
+    "stride beyond the grid": (["system.grid.shape=[32,32]", "observe.stride=1000"],
+                               "observe.stride=1000 observes 1×1 point(s) of the 32×32 grid"),
+    "fit.params typo": (["fit.params=[kk,a]"], "fit.params: unknown parameter(s) ['kk'] for "
+                                               "aliev_panfilov; did you mean 'k'?"),
+    "fit.start typo": (["+fit.start.kk=1"], "fit.start: unknown parameter(s) ['kk']"),
+    "observe.fields typo": (["observe.fields=[uu]"],
+                            "observe.fields: unknown field(s) ['uu'] for aliev_panfilov; did you "
+                            "mean 'u'?"),
+    "system.params typo": (["+system.params.kk=1"], "system.params: unknown parameter(s) ['kk']"),
+    "initial field typo": (["+fit.initial_fields.w=fit"],
+                           "fit.initial_fields: unknown field(s) ['w']"),
+    "memory budget too small": (["adjoint=revolve", "adjoint.snapshots=null",
+                                 "adjoint.memory_budget_mb=0.001"],
+                                "adjoint.memory_budget_mb=0.001 holds no snapshot"),
+    "grid beyond the host's memory": (["system.grid.shape=[100000,100000]"],
+                                      "system.grid.shape=[100000, 100000]: one state of"),
+    "one simulated frame": (["simulate.n_frames=1"], "simulate.n_frames=1: a dataset needs at "
+                                                     "least 2 frames"),
+    "spectral system on a spatial mesh": (
+        ["system=rayleigh_benard", "~system.options.initial", "observe.fields=[theta]",
+         "fit.params=[Ra]", "mesh.shape=[1,2]"],
+        "mesh.shape=[1, 2]: rayleigh_benard needs the whole grid on one device"),
 }
 
 
@@ -86,3 +111,67 @@ def test_evaluate_horizon_must_be_positive(tmp_path):
     with pytest.raises(EvaluationError, match=r"evaluate.horizon must be a positive number"):
         load_run_config(tmp_path, ["evaluate.horizon=-1"])
 
+
+
+def test_open_dicts_take_new_names_and_a_good_stride_passes(tmp_path):
+    """Keys under dict-typed options (parameters, fields, a system's options) are free, and
+    names the system knows pass the checks against it."""
+    from pdefit.app.config import to_options
+    from pdefit.app.validate import validate_fit
+
+    cfg = to_options(config(tmp_path, "+system.params.k=8.5", "+fit.start.a=0.1",
+                            "+fit.initial_fields.v=fit", "+observe.field_weights.u=2",
+                            "+regularization.param_l2.k=0.1", "observe.stride=4"))
+    validate_fit(cfg, log=lambda _: None)
+
+
+def test_closest_key_of_an_unknown_one():
+    from pdefit.app.config import closest_key, unknown_key_message
+    from pdefit.options import SimulateMainConfig
+
+    assert closest_key("optim.lrr") == "optim.lr"
+    assert closest_key("optm.lr") == "optim.lr"
+    assert closest_key("system.gird.shape") == "system.grid.shape"
+    assert closest_key("simulate.overwrit", SimulateMainConfig) == "simulate.overwrite"
+    assert "the keys under fit.perturb" in unknown_key_message("fit.perturb.zzz")
+
+
+def test_simulate_is_validated_before_work(tmp_path):
+    from pdefit.app.config import to_options
+    from pdefit.app.validate import validate_simulate
+    from pdefit.options import SimulateMainConfig
+
+    def simulate_config(*overrides: str) -> SimulateMainConfig:
+        with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+            return to_options(compose(config_name="simulate", overrides=[*TINY[:4], *overrides]),
+                              SimulateMainConfig)
+
+    validate_simulate(simulate_config())
+    for overrides, message in (
+            (["simulate.n_frames=1"], "simulate.n_frames=1: a dataset needs at least 2 frames"),
+            (["+system.params.kk=1"], "system.params: unknown parameter(s) ['kk'] for "
+                                      "aliev_panfilov; did you mean 'k'?"),
+            (["system.grid.shape=[100000,100000]"], "system.grid.shape=[100000, 100000]")):
+        with pytest.raises(ConfigError) as err:
+            validate_simulate(simulate_config(*overrides))
+        assert message in str(err.value)
+
+
+def test_every_later_value_missing_is_refused_before_training(tmp_path, no_training):
+    """observe.nan=mask with every u after frame 0 missing used to "converge at step 1" and
+    report the start values as recovered."""
+    import numpy as np
+    import zarr
+
+    from pdefit.fitting import assemble
+
+    dataset = assemble.simulate_dataset(config(tmp_path / "sim"), tmp_path / "ap.zarr",
+                                        assemble.set_precision("float32"), log=lambda _: None)
+    u = zarr.open_group(dataset, mode="r+")["u"]
+    values = u[:]
+    values[:, 1:] = np.nan
+    u[:] = values
+    with pytest.raises(ConfigError, match=r"observe.nan=mask: no value of \['u'\] after the "
+                                          "first frame"):
+        cli.fit(config(tmp_path / "run", "data=zarr", f"data.path={dataset}",
+                       "observe.nan=mask", "observe.fields=[u]"))

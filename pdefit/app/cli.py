@@ -25,18 +25,28 @@ from omegaconf import DictConfig
 from pdefit import data as zd
 from pdefit import parallel
 from pdefit.adjoint.taylor import taylor_test
-from pdefit.app import batch, fit_report
+from pdefit.app import batch, fit_report, from_dataset
 from pdefit.app.config import CONF_DIR, as_options, register_configs, to_options, to_yaml
+from pdefit.app.errors import one_line_errors, task_errors
 from pdefit.app.fit_report import StagedFit
 from pdefit.app.rundir import (
+    finished_fit,
+    lock_run_dir,
     open_run_record,
     output_dir,
     plain_config,
     refuse_mismatched_resume,
+    refuse_replacing,
+    refuse_replacing_run_data,
     register_resolvers,
     simulated_dataset,
 )
-from pdefit.app.validate import check_hold_counts, validate_discretization_check, validate_fit
+from pdefit.app.validate import (
+    check_hold_counts,
+    validate_discretization_check,
+    validate_fit,
+    validate_simulate,
+)
 from pdefit.fitting import assemble
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
 from pdefit.fitting.gauss_newton import gauss_newton
@@ -44,6 +54,7 @@ from pdefit.fitting.ranking import format_ranking, rank_parameters, write_rankin
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, TrainState, run_fit
 from pdefit.options import FitConfig, SimulateMainConfig
 from pdefit.runtime.checkpoint import CHECKPOINT_DIR, CheckpointOptions, write_text_atomic
+from pdefit.runtime.lock import DirectoryLock
 from pdefit.runtime.progress import ProgressOptions
 from pdefit.runtime.signals import FIT_SIGNALS, PreemptionFlag, signal_name
 
@@ -80,7 +91,9 @@ def _log_simulation_start(cfg: FitConfig | SimulateMainConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
+@one_line_errors("pdefit-simulate", SimulateMainConfig)
 @hydra.main(config_path=CONF_DIR, config_name="simulate", version_base="1.3")
+@task_errors
 def simulate_main(cfg: DictConfig) -> None:
     """pdefit-simulate: simulate the configured system and write a synthetic Zarr dataset
     (fields, true parameters, provenance) to simulate.output, a path relative to the directory
@@ -96,16 +109,21 @@ def simulate_main(cfg: DictConfig) -> None:
     Example:
       pdefit-simulate simulate.output=ap.zarr simulate.n_experiments=4
       pdefit-fit data=zarr data.path=ap.zarr"""
-    simulate(to_options(cfg, SimulateMainConfig))
+    options = to_options(cfg, SimulateMainConfig)
+    validate_simulate(options)  # before anything is simulated or written
+    simulate(options)
 
 
 def simulate(cfg: SimulateMainConfig) -> None:
     """Write the dataset ``pdefit-simulate`` describes: this task's share of a job array, or
-    all of it, replacing an existing one only with ``simulate.overwrite``."""
+    all of it, replacing an existing one only with ``simulate.overwrite`` and only if it is a
+    pdefit dataset (never a folder, a file, a run directory or the current directory)."""
     dtype = assemble.set_precision(cfg.precision)
     _start_processes(cfg)
     path = Path(hydra.utils.to_absolute_path(cfg.simulate.output))
     sim = cfg.simulate
+    if path.exists() and (sim.overwrite or sim.tasks > 1):
+        refuse_replacing(path)  # before simulating; checked again before the rename
     if sim.tasks > 1:
         batch.simulate_share(cfg, path, dtype, sim.task, sim.tasks, log=log.info)
     else:
@@ -118,7 +136,7 @@ def simulate(cfg: SimulateMainConfig) -> None:
                      "complete")
         _log_simulation_start(cfg)
         simulated_dataset(cfg, path, lambda tmp: assemble.simulate_dataset(
-            cfg, tmp, dtype, log=log.info), reuse=False)
+            cfg, tmp, dtype, log=log.info), reuse=False, overwrite=sim.overwrite)
     log.info(f"wrote {path}")
 
 
@@ -160,6 +178,8 @@ class FitRun(NamedTuple):
     windows: list[list[int] | None]  # each stage's training frames (None: data.frames)
     holds: list[frozenset[str]]  # each stage's held parameters
     lead: bool  # the process that writes the shared run directory's files
+    lock: DirectoryLock  # held on the run directory until the fit ends
+    finished: dict[str, Any] | None = None  # the summary of a fit this one would only repeat
 
 
 def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -> dict[str, Any]:
@@ -176,13 +196,17 @@ def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -
     start-up phases, where stopping leaves nothing half-written, and handed to the optimiser
     loop, which checkpoints; a signal during the end phase lets it finish."""
     cfg = as_options(cfg)
+    cfg = from_dataset.complete(cfg)  # the dataset's grid, a named system's own defaults
     run = _prepare_fit(cfg, preemption)
-    staged = _run_stages(cfg, run, preemption)
-    _save_fitted(run.out, staged)
-    summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead)
-    fit_report.print_report(summary, staged)
-    if cfg.run.plots and run.lead:
-        fit_report.plot(staged, run.out)
+    with run.lock:
+        if run.finished is not None:
+            return run.finished
+        staged = _run_stages(cfg, run, preemption)
+        _save_fitted(run.out, staged)
+        summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead)
+        fit_report.print_report(summary, staged)
+        if cfg.run.plots and run.lead:
+            fit_report.plot(staged, run.out)
     log.info(f"outputs in {run.out}")
     if preemption is not None and preemption.requested:
         log.warning(f"{signal_name(preemption.signum)} arrived after the last step: the fit "
@@ -196,23 +220,44 @@ def _stop_if_signalled(preemption: PreemptionFlag | None, what: str) -> None:
 
 
 def _prepare_fit(cfg: FitConfig, preemption: PreemptionFlag | None) -> FitRun:
-    """The fit's start-up: validate, take the run directory (refusing a resume with another
-    config before touching it), make or open the dataset, and write config.yaml."""
+    """The fit's start-up: validate, take the run directory (locked for the fit; refusing a
+    resume with another config before touching it), make or open the dataset, and write
+    config.yaml. A fit that would only repeat a finished one stops here (``finished``)."""
     dtype = assemble.set_precision(cfg.precision)
     _start_processes(cfg)  # first: the validation may use JAX, which must not start before
     validate_fit(cfg, log=log.warning)  # before anything is written or compiled
     _stop_if_signalled(preemption, "during start-up")
     out = output_dir(cfg)
+    lock = lock_run_dir(out)
+    try:
+        return _take_run_dir(cfg, out, dtype, lock, preemption)
+    except BaseException:
+        lock.release()
+        raise
+
+
+def _take_run_dir(cfg: FitConfig, out: Path, dtype: Any, lock: DirectoryLock,
+                  preemption: PreemptionFlag | None) -> FitRun:
+    """:func:`_prepare_fit` once the run directory is locked."""
+    lead = jax.process_index() == 0  # one process writes the shared run directory's files
     refuse_mismatched_resume(cfg, out)  # before the run directory is touched
+    finished = finished_fit(cfg, out)
+    if finished is not None:
+        log.info(f"run.dir: {out} holds this fit, finished ({finished.get('stop_reason')} "
+                 f"after {finished.get('optimizer_steps')} steps); nothing to do, its results "
+                 "are kept. To fit again: run.resume=false or another run.dir; to go on: a "
+                 "larger optim.steps")
+        return FitRun(out, out, dtype, [], [], lead, lock, finished)
+    if not cfg.data.path:
+        refuse_replacing_run_data(cfg, out / "data.zarr")  # before the directory is touched
     open_run_record(out, cfg)
     dataset = _dataset_for(cfg, out, dtype)
     _stop_if_signalled(preemption, "after the dataset was made")
     windows = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
     holds = stage_holds(cfg, len(windows))
-    lead = jax.process_index() == 0  # one process writes the shared run directory's files
     if lead:
         write_text_atomic(out / "config.yaml", to_yaml(cfg))
-    return FitRun(out, dataset, dtype, windows, holds, lead)
+    return FitRun(out, dataset, dtype, windows, holds, lead, lock)
 
 
 def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) -> StagedFit:
@@ -309,7 +354,9 @@ def _save_fitted(out: Path, staged: StagedFit) -> None:
     save_fitted(out / FITTED_FILE, staged.theta, physical)  # for pdefit-evaluate and fit.start_from
 
 
+@one_line_errors("pdefit-fit")
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
+@task_errors
 def fit_main(cfg: DictConfig) -> None:
     """pdefit-fit: fit parameters (and initial fields) of a PDE system to observed frames by
     gradient descent through the simulation (an exact discrete adjoint with checkpointing).
@@ -350,25 +397,29 @@ def gradcheck(cfg: FitConfig | DictConfig) -> list[dict[str, float]]:
     """Taylor test of the configured problem's gradient at its starting point (``cfg``:
     typed options; a composed config is converted first)."""
     cfg = as_options(cfg)
+    cfg = from_dataset.complete(cfg)  # the dataset's grid, a named system's own defaults
     dtype = assemble.set_precision(cfg.precision)
     out = output_dir(cfg)
-    open_run_record(out, cfg)
-    setup = assemble.build_fit(cfg, _dataset_for(cfg, out, dtype), dtype)
-    loss = jax.jit(setup.problem.loss)
-    grad = jax.jit(jax.grad(setup.problem.loss))
-    log.info(f"gradcheck: compiling the loss and gradient ({setup.problem.n_steps} time "
-             "steps) and evaluating it at 6 step sizes…")
-    rows = taylor_test(lambda th: loss(th, setup.batch), lambda th: grad(th, setup.batch),
-                       setup.theta0, seed=0)
-    print(f"{'eps':>10} {'|L(θ+εv) − L(θ)|':>18} {'|… − ε∇L·v|':>14} {'order':>6}")
-    for r in rows:
-        order = "" if r["order"] is None else f"{r['order']:.2f}"
-        print(f"{r['eps']:10.3e} {r['first_order']:18.6e} {r['remainder']:14.6e} {order:>6}")
-    (out / "gradcheck.json").write_text(json.dumps(rows, indent=2))
+    with lock_run_dir(out):
+        open_run_record(out, cfg)
+        setup = assemble.build_fit(cfg, _dataset_for(cfg, out, dtype), dtype)
+        loss = jax.jit(setup.problem.loss)
+        grad = jax.jit(jax.grad(setup.problem.loss))
+        log.info(f"gradcheck: compiling the loss and gradient ({setup.problem.n_steps} time "
+                 "steps) and evaluating it at 6 step sizes…")
+        rows = taylor_test(lambda th: loss(th, setup.batch), lambda th: grad(th, setup.batch),
+                           setup.theta0, seed=0)
+        print(f"{'eps':>10} {'|L(θ+εv) − L(θ)|':>18} {'|… − ε∇L·v|':>14} {'order':>6}")
+        for r in rows:
+            order = "" if r["order"] is None else f"{r['order']:.2f}"
+            print(f"{r['eps']:10.3e} {r['first_order']:18.6e} {r['remainder']:14.6e} {order:>6}")
+        (out / "gradcheck.json").write_text(json.dumps(rows, indent=2))
     return rows
 
 
+@one_line_errors("pdefit-gradcheck")
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
+@task_errors
 def gradcheck_main(cfg: DictConfig) -> None:
     """pdefit-gradcheck: Taylor test of the configured fit's gradient at its starting point:
     prints |L(θ+εv) − L(θ) − ε∇L·v| for halving ε (an exact gradient shows order 2) and writes
@@ -387,33 +438,37 @@ def rank(cfg: FitConfig | DictConfig) -> list[dict[str, Any]]:
     experiment's seed) moves when each is multiplied by ``rank.factor`` (``cfg``: typed
     options; a composed config is converted first)."""
     cfg = as_options(cfg)
+    cfg = from_dataset.complete(cfg)  # the dataset's grid, a named system's own defaults
     dtype = assemble.set_precision(cfg.precision)
     out = output_dir(cfg)
-    open_run_record(out, cfg)
-    system, grid = assemble.make_system(cfg.system), assemble.make_grid(cfg.system)
-    params = assemble.system_params(system, cfg.system.params)
-    assemble.check_dynamics(system, params, grid, cfg.system)
-    names = list(system.params) if cfg.rank.params is None else list(cfg.rank.params)
-    unknown = [n for n in names if n not in params]
-    if unknown:
-        raise assemble.ConfigError(f"rank.params: unknown parameter(s) {unknown} for "
-                                   f"{system.name}")
-    n_steps = (cfg.simulate.n_frames - 1) * cfg.simulate.steps_per_frame
-    x0 = system.initial_state(grid, params, cfg.simulate.seed)
-    rows = rank_parameters(system, grid, params, cfg.system.dt, cfg.system.integrator, x0,
-                           n_steps, cfg.simulate.steps_per_frame, cfg.rank.factor, names, dtype,
-                           log=log.info)
-    write_ranking(rows, cfg.rank.factor, out, extra={
-        "system": system.name, "grid": list(grid.shape), "n_steps": n_steps,
-        "dt": cfg.system.dt, "seed": cfg.simulate.seed})
-    print(format_ranking(rows, cfg.rank.factor))
-    top = [r["name"] for r in rows[: cfg.rank.top]]
-    print(f"top {len(top)}: fit.params=[{','.join(top)}]")
-    log.info(f"ranking in {out}")
+    with lock_run_dir(out):
+        open_run_record(out, cfg)
+        system, grid = assemble.make_system(cfg.system), assemble.make_grid(cfg.system)
+        params = assemble.system_params(system, cfg.system.params)
+        assemble.check_dynamics(system, params, grid, cfg.system)
+        names = list(system.params) if cfg.rank.params is None else list(cfg.rank.params)
+        unknown = [n for n in names if n not in params]
+        if unknown:
+            raise assemble.ConfigError(f"rank.params: unknown parameter(s) {unknown} for "
+                                       f"{system.name}")
+        n_steps = (cfg.simulate.n_frames - 1) * cfg.simulate.steps_per_frame
+        x0 = system.initial_state(grid, params, cfg.simulate.seed)
+        rows = rank_parameters(system, grid, params, cfg.system.dt, cfg.system.integrator, x0,
+                               n_steps, cfg.simulate.steps_per_frame, cfg.rank.factor, names, dtype,
+                               log=log.info)
+        write_ranking(rows, cfg.rank.factor, out, extra={
+            "system": system.name, "grid": list(grid.shape), "n_steps": n_steps,
+            "dt": cfg.system.dt, "seed": cfg.simulate.seed})
+        print(format_ranking(rows, cfg.rank.factor))
+        top = [r["name"] for r in rows[: cfg.rank.top]]
+        print(f"top {len(top)}: fit.params=[{','.join(top)}]")
+        log.info(f"ranking in {out}")
     return rows
 
 
+@one_line_errors("pdefit-rank")
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
+@task_errors
 def rank_main(cfg: DictConfig) -> None:
     """pdefit-rank: rank the system's parameters by how much the simulated window moves when
     each is multiplied by rank.factor (trajectory mean absolute deviation), to choose which to

@@ -17,6 +17,7 @@ from pdefit.analysis.forecast import evaluate_fit
 from pdefit.analysis.reports import format_evaluation
 from pdefit.analysis.truth import EvaluationError, check_compared_run, check_evaluate_settings
 from pdefit.app.config import schema, to_options
+from pdefit.app.errors import one_line_errors
 from pdefit.options import ConfigError, EvaluateConfig, FitConfig
 
 __all__ = ["EVALUATE_HELP", "EvaluationError", "compared_runs", "evaluate_run",
@@ -104,6 +105,7 @@ examples:
   pdefit-evaluate runs/fit/ap evaluate.compare=[runs/fit/bocf_for_ap]"""
 
 
+@one_line_errors("pdefit-evaluate")
 def main(argv: Sequence[str] | None = None) -> None:
     """``pdefit-evaluate RUN_DIR [evaluate.horizon=2000 ...]``"""
     args = list(sys.argv[1:] if argv is None else argv)

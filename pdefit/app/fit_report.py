@@ -24,17 +24,11 @@ from pdefit.analysis.reports import (
     plot_fields,
     plot_loss,
 )
-from pdefit.fitting import discretization
+from pdefit.fitting import discretization, outcome
 from pdefit.fitting.assemble import FitSetup
 from pdefit.fitting.initial_fields import evaluate_initial_fields, format_errors
 from pdefit.fitting.train import FitHistory
-from pdefit.fitting.uncertainty import (
-    CurvatureParts,
-    curvature_parts,
-    known_sigma,
-    unavailable_reason,
-)
-from pdefit.fitting.uncertainty import estimate as estimate_uncertainty
+from pdefit.fitting.uncertainty import CurvatureParts
 from pdefit.model.system import field_attrs, image_origin, stepper, time_unit
 from pdefit.numerics.integrate import simulate
 from pdefit.options import FitConfig
@@ -75,6 +69,7 @@ def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path,
     summary["discretization_check"] = _discretization_check(cfg, setup, theta, curvature)
     summary["uncertainty"] = discretization.mark_intervals(
         uncertainty, summary["discretization_check"])
+    summary["residual"] = outcome.residual_verdict(summary["uncertainty"])
     summary.update(_system_evaluation(cfg, setup, theta, dataset, out, lead))
     summary.update(_initial_fields_report(cfg, setup, theta, dataset, out, lead))
     if lead:
@@ -111,6 +106,12 @@ def print_report(summary: dict[str, Any], fit: StagedFit) -> None:
               f"{fit.history.best_loss:.3e}, {fit.wall:.1f} s)")
     if "message" in summary["discretization_check"]:
         print(discretization.format_check(summary["discretization_check"]))
+    residual = summary["residual"]
+    if residual["verdict"] != outcome.UNKNOWN:
+        print(f"residual: {residual['message']}")
+    if residual["verdict"] in (outcome.ABOVE_NOISE, outcome.MODEL_ERROR):
+        log.warning(f"the model does not explain the data at their noise level: "
+                    f"{residual['message']}")
 
 
 def plot(fit: StagedFit, out: Path) -> None:
@@ -129,15 +130,8 @@ def _uncertainty(cfg: FitConfig, setup: FitSetup, theta: Any, dataset: Path,
     come from (None without them), which the discretization check reuses."""
     if not cfg.fit.uncertainty:
         return {"available": False, "reason": "fit.uncertainty=false"}, None
-    reason = unavailable_reason(setup.problem)
-    if reason is not None:
-        log.info(f"no parameter intervals: {reason}")
-        return {"available": False, "reason": reason}, None
-    log.info("parameter intervals: one forward-tangent sweep over the training window…")
     noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
-    parts = curvature_parts(setup.problem, theta, setup.batch)
-    return estimate_uncertainty(setup.problem, theta, setup.batch, known_sigma(noise),
-                                parts=parts), parts
+    return outcome.intervals(setup.problem, theta, setup.batch, noise, log=log.info)
 
 
 def _discretization_check(cfg: FitConfig, setup: FitSetup, theta: Any,

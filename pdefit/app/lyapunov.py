@@ -15,13 +15,16 @@ from omegaconf import DictConfig
 
 from pdefit.analysis.lyapunov import estimate, format_estimate
 from pdefit.app.config import CONF_DIR, register_configs, to_options
+from pdefit.app.errors import one_line_errors, task_errors
 from pdefit.app.rundir import open_run_record, output_dir, register_resolvers
 
 register_configs()
 register_resolvers()
 
 
+@one_line_errors("pdefit-lyapunov")
 @hydra.main(config_path=CONF_DIR, config_name="fit", version_base="1.3")
+@task_errors
 def lyapunov_main(cfg: DictConfig) -> None:
     """pdefit-lyapunov: the maximal Lyapunov exponent of the configured simulation (the data's
     system from simulate.seed's initial state and a twin perturbed by

@@ -5,8 +5,10 @@ The structured config (:mod:`pdefit.app.config`) checks types; this module check
 negative learning rate is a float all the same, but it climbs the loss. Each error names the
 offending key (:class:`pdefit.fitting.assemble.ConfigError`); settings that are legal but almost
 certainly wrong (a grid too small for the initial-state generator, a checkpoint after every
-step) give a warning instead. Keys that depend on the chosen system or dataset (parameter
-names, frames) are checked where those are known, in :mod:`pdefit.fitting.assemble`.
+step) give a warning instead. Keys that depend on the chosen system or the host (parameter and
+field names, the observation stride, the adjoint's budget, the grid's memory, the mesh) are
+checked here too, by :mod:`pdefit.app.preflight`; those that depend on the dataset's contents
+(frames, missing values) where it is read, in :mod:`pdefit.fitting.assemble`.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from pdefit.app.config import as_options
+from pdefit.app.preflight import check_fit_against_system, check_simulation_against_system
 from pdefit.fitting import discretization
 from pdefit.fitting.assemble import refine_factors
 from pdefit.options import (
@@ -28,6 +31,8 @@ from pdefit.options import (
     ObserveConfig,
     OptimConfig,
     RegularizationConfig,
+    SimulateConfig,
+    SimulateMainConfig,
 )
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "lbfgs", "levenberg_marquardt")
@@ -111,7 +116,41 @@ def validate_fit(cfg: FitConfig | DictConfig, log: Callable[[str], None] = print
     _fit(cfg)
     _regularization(cfg.regularization)
     _run(cfg, log)
+    if not cfg.data.path:
+        _simulation_counts(cfg.simulate)
+    check_fit_against_system(cfg)  # names, stride, adjoint budget, memory, mesh
     _simulation(cfg, log)
+
+
+def validate_simulate(cfg: SimulateMainConfig) -> None:
+    """Raise :class:`ConfigError` for the first setting of ``pdefit-simulate`` that cannot make
+    a dataset ``pdefit-fit`` can fit, before anything is simulated or written."""
+    _positive("system.dt", cfg.system.dt)
+    _grid(cfg.system.grid)
+    _simulation_counts(cfg.simulate)
+    sim = cfg.simulate
+    tasks = _at_least("simulate.tasks", sim.tasks, 1)
+    task = _at_least("simulate.task", sim.task, 0)
+    if task >= tasks:
+        raise ConfigError(f"simulate.task={task} must be less than simulate.tasks={tasks}")
+    refine_factors(cfg)
+    check_simulation_against_system(cfg)
+
+
+def _simulation_counts(sim: SimulateConfig) -> None:
+    """The counts of a synthetic dataset: at least two frames (the first is the initial
+    state; a fit needs a later one to compare with)."""
+    frames = _number("simulate.n_frames", sim.n_frames)
+    if frames < 2:
+        raise ConfigError(f"simulate.n_frames={sim.n_frames}: a dataset needs at least 2 "
+                          "frames to fit (the first is the initial state, the fit compares "
+                          "the later ones); use simulate.n_frames=2 or more")
+    _at_least("simulate.n_frames", sim.n_frames, 2)
+    _at_least("simulate.steps_per_frame", sim.steps_per_frame, 1)
+    _at_least("simulate.n_experiments", sim.n_experiments, 1)
+    _at_least("simulate.frames_per_shard", sim.frames_per_shard, 1)
+    if sim.noise is not None:
+        _non_negative("simulate.noise.sigma", sim.noise.sigma)
 
 
 def _observe(obs: ObserveConfig) -> None:
@@ -242,14 +281,7 @@ def _simulation(cfg: FitConfig, log: Callable[[str], None]) -> None:
     the grid is smaller than the generator's pattern: there is then nothing to fit."""
     if cfg.data.path:
         return
-    sim = cfg.simulate
-    _at_least("simulate.n_frames", sim.n_frames, 2)
-    _at_least("simulate.steps_per_frame", sim.steps_per_frame, 1)
-    _at_least("simulate.n_experiments", sim.n_experiments, 1)
-    _at_least("simulate.frames_per_shard", sim.frames_per_shard, 1)
     refine_factors(cfg)
-    if sim.noise is not None:
-        _non_negative("simulate.noise.sigma", sim.noise.sigma)
     flat = _flat_fields(cfg)
     if flat:
         log(f"system.grid.shape={list(cfg.system.grid.shape)}: the initial state of "

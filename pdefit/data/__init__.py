@@ -6,10 +6,14 @@ validating reader and observation noise.
   (metadata, validated at construction), their attributes on disk, :func:`make_provenance`,
   and the shard plan of writers (:class:`ShardRange`, :func:`plan_shards`);
 - :mod:`pdefit.data.writer`: :func:`create_dataset`, :func:`write_block`,
-  :func:`write_true_array`, :func:`write_dataset`;
+  :func:`write_true_array`, :func:`write_dataset` (from a :class:`DatasetMeta`),
+  :func:`is_pdefit_dataset`;
+- :mod:`pdefit.data.recording`: :func:`write_recording` (public as ``pdefit.write_dataset``:
+  a user's frames, times and grid in, masks from NaN, no model time step);
 - :mod:`pdefit.data.reader`: :class:`Dataset`, :func:`open_dataset`,
   :func:`validate_dataset`, :func:`shard_ranges`, :func:`index_ranges`;
 - :mod:`pdefit.data.noise`: :func:`check_noise`, :func:`add_noise`, :func:`add_noise_block`;
+- :mod:`pdefit.data.timing`: the checks of observation times and their spacing;
 - :mod:`pdefit.data.checks`: :class:`DatasetError` and the value checks the others share.
 
 Imports nothing of pdefit: a dataset is described by its own metadata, not by a system.
@@ -26,6 +30,7 @@ from pdefit.data.reader import (
     shard_ranges,
     validate_dataset,
 )
+from pdefit.data.recording import write_recording
 from pdefit.data.schema import (
     DEFAULT_AXIS_NAMES,
     DEFAULT_FRAMES_PER_SHARD,
@@ -45,6 +50,7 @@ from pdefit.data.schema import (
 )
 from pdefit.data.writer import (
     create_dataset,
+    is_pdefit_dataset,
     write_block,
     write_dataset,
     write_true_array,
@@ -71,6 +77,7 @@ __all__ = [
     "check_noise",
     "create_dataset",
     "index_ranges",
+    "is_pdefit_dataset",
     "make_provenance",
     "open_dataset",
     "plan_shards",
@@ -78,5 +85,6 @@ __all__ = [
     "validate_dataset",
     "write_block",
     "write_dataset",
+    "write_recording",
     "write_true_array",
 ]

@@ -247,11 +247,12 @@ def open_checked(path: PathLike, mode: Literal["r", "r+"]) -> Dataset:
         raise DatasetError(f"{where}: array {time_name!r} must be 1-D, found shape "
                            f"{times.shape}")
     axis_values = _axis_values(group, attrs, version, where)
-    meta = meta_from_attrs(attrs, times.shape[0], where, axis_values)
+    stored_times = np.asarray(times[...], np.float64)
+    meta = meta_from_attrs(attrs, stored_times, where, axis_values)
     check_not_empty(meta, where)
     _check_value_arrays(group, meta, where)
     masked = _masked_fields(group, meta, where)
-    _check_times(times, time_name, meta, where)
+    _check_times(stored_times, time_name, meta, where)
     return Dataset(path=spath, meta=meta, masked_fields=frozenset(masked), group=group)
 
 
@@ -328,9 +329,12 @@ def _masked_fields(group: zarr.Group, meta: DatasetMeta, where: str) -> set[str]
     return masked
 
 
-def _check_times(times: zarr.Array, time_name: str, meta: DatasetMeta, where: str) -> None:
-    """The stored observation times are the ones the attributes describe."""
-    stored_times = np.asarray(times[...])
+def _check_times(stored_times: np.ndarray, time_name: str, meta: DatasetMeta,
+                 where: str) -> None:
+    """The stored observation times are the ones the attributes describe (a recording's
+    are its times, checked to increase when its metadata was built)."""
+    if meta.frame_times is not None:
+        return
     if not np.allclose(stored_times, meta.times, rtol=1e-9, atol=1e-9 * meta.frame_interval):
         raise DatasetError(
             f"{where}: array {time_name!r} disagrees with t0 + k * steps_per_frame * dt "
@@ -371,7 +375,8 @@ def validate_dataset(
     """
     where = f"dataset {ds.path}"
     meta = ds.meta
-    if meta.system != system:
+    # A recording that no model made names no system: only its fields and grid are checked.
+    if meta.system and meta.system != system:
         raise DatasetError(
             f"{where} was made by system {meta.system!r} but the config asks for {system!r}"
         )
@@ -398,7 +403,7 @@ def validate_dataset(
             f"{where}: boundary mismatch: config expects {tuple(boundaries)}, "
             f"dataset has {meta.boundaries}"
         )
-    if dt is not None and not math.isclose(dt, meta.dt, rel_tol=1e-9):
+    if dt is not None and meta.dt is not None and not math.isclose(dt, meta.dt, rel_tol=1e-9):
         raise DatasetError(f"{where}: dt mismatch: config expects {dt}, dataset has {meta.dt}")
     check_not_empty(meta, where)
     if check_finite:

@@ -1,16 +1,21 @@
 """The dataset format: its constants, its metadata (:class:`DatasetMeta`, validated as a
 whole at construction), their group attributes, provenance, and the shard plan of writers.
 
-One dataset is one Zarr v3 group.  Its attributes describe how the data were generated
-(system, grid, time stepping, true parameters, noise, provenance, units); its arrays hold the
-coordinates — observation times ``time``, ``experiment`` numbers and the two spatial axes
+One dataset is one Zarr v3 group.  Its attributes describe the data (grid, units, noise) and,
+for data pdefit simulated, how they were made (system, time step ``dt`` and
+``steps_per_frame``, true parameters, provenance); a recording made by no model of pdefit has
+no ``dt`` and ``steps_per_frame`` (null) and may have an empty ``system``.  Its arrays hold the
+coordinates — observation times ``time`` (the truth about when frames were observed; they
+need not be evenly spaced), ``experiment`` numbers and the two spatial axes
 (cell centres, or the system's own coordinates, e.g. latitude and longitude; named by the
 system, ``y``/``x`` by default) — one float32 array per field with shape
 ``(n_experiments, n_frames, ny, nx)`` and, optionally, a boolean ``mask_<field>`` array
 (True = observed) of the same shape and layout.  Every array names its dimensions and
 carries CF-style ``units``/``long_name`` attributes where the system declares them, so
-``xarray.open_zarr(path, consolidated=False)`` gives a dataset indexed by time (format
-version 1, still read, called the times array ``t`` and had no coordinates or units).
+``xarray.open_zarr(path, consolidated=False)`` gives a dataset indexed by time.  Format
+version 3 allows null ``dt``/``steps_per_frame`` and an empty ``system``; versions 1 and 2
+(both still read) always had them; version 1 called the times array ``t`` and had no
+coordinates or units.
 
 Truths beyond scalars (synthetic data): ``true_per_experiment`` (attributes) holds, per
 parameter that differs between experiments, its value in every experiment; each name in
@@ -39,6 +44,7 @@ import numpy as np
 
 from pdefit.data.checks import DatasetError, is_int, is_pair, is_real
 from pdefit.data.noise import check_noise
+from pdefit.data.timing import frame_time_problems, is_uniform, uniform_interval
 
 __all__ = [
     "DEFAULT_AXIS_NAMES",
@@ -59,8 +65,8 @@ __all__ = [
 ]
 
 FORMAT = "pdefit-dataset"
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 
 TIME_ARRAY = "time"
 LEGACY_TIME_ARRAY = "t"  # format version 1
@@ -92,6 +98,11 @@ def _cell_centres(n: int, h: float) -> tuple[float, ...]:
 class DatasetMeta:
     """Everything about a dataset except the observed values.
 
+    Time: a dataset pdefit simulated has ``dt`` and ``steps_per_frame`` (how it was made)
+    and its frames lie at ``t0 + k * steps_per_frame * dt``; a recording has ``dt`` and
+    ``steps_per_frame`` None and its observation times in ``frame_times`` (increasing, not
+    necessarily evenly spaced; ``t0`` is the first).  Given both, they must agree.
+
     Dict-valued fields are excluded from hashing (dicts are unhashable) but still take
     part in equality.  Invalid combinations raise :class:`DatasetError` at construction, so
     a ``DatasetMeta`` in hand is always internally consistent.
@@ -102,8 +113,8 @@ class DatasetMeta:
     grid_shape: tuple[int, int]
     grid_spacing: tuple[float, float]
     boundaries: tuple[str, str]
-    dt: float
-    steps_per_frame: int
+    dt: float | None  # the simulation's time step; None for a recording
+    steps_per_frame: int | None  # simulation steps between frames; None for a recording
     t0: float
     n_frames: int
     n_experiments: int
@@ -123,6 +134,8 @@ class DatasetMeta:
     param_attrs: dict[str, dict[str, str]] = field(default_factory=dict, hash=False)
     # name -> dimension names of the array true_<name> (default <name>_dim<i>)
     true_array_dims: dict[str, list[str]] = field(default_factory=dict, hash=False)
+    # The observation times (required without dt and steps_per_frame); None: derived.
+    frame_times: tuple[float, ...] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if self.axes is None and is_pair(self.grid_shape, int) and is_pair(
@@ -136,19 +149,40 @@ class DatasetMeta:
             with contextlib.suppress(TypeError, ValueError, IndexError):
                 object.__setattr__(self, "axes", tuple(
                     Axis(a[0], tuple(float(v) for v in a[1]), *a[2:]) for a in self.axes))
+        if isinstance(self.frame_times, list | np.ndarray):
+            with contextlib.suppress(TypeError, ValueError):
+                object.__setattr__(self, "frame_times",
+                                   tuple(float(t) for t in self.frame_times))
         problems = _meta_problems(self)
         if problems:
             raise DatasetError("invalid dataset metadata: " + "; ".join(problems))
 
     @property
+    def simulated_times(self) -> bool:
+        """Whether the times follow from ``dt`` and ``steps_per_frame`` (data pdefit made)."""
+        return self.dt is not None and self.steps_per_frame is not None
+
+    @property
+    def uniform_times(self) -> bool:
+        """Whether the frames are evenly spaced in time."""
+        return self.simulated_times or is_uniform(self.times)
+
+    @property
     def frame_interval(self) -> float:
-        """Time between consecutive frames."""
-        return self.steps_per_frame * self.dt
+        """Time between consecutive frames; DatasetError where the times are not evenly
+        spaced or there is a single frame of a recording."""
+        if self.simulated_times:
+            return self.steps_per_frame * self.dt
+        return uniform_interval(self.times)
 
     @property
     def times(self) -> np.ndarray:
-        """Observation times ``t0 + k * steps_per_frame * dt`` (float64)."""
-        return self.t0 + np.arange(self.n_frames, dtype=np.float64) * self.frame_interval
+        """Observation times (float64): ``frame_times``, else ``t0 + k * steps_per_frame *
+        dt``."""
+        if self.frame_times is not None:
+            return np.asarray(self.frame_times, dtype=np.float64)
+        return self.t0 + np.arange(self.n_frames, dtype=np.float64) * (
+            self.steps_per_frame * self.dt)
 
 
 def _meta_problems(meta: DatasetMeta) -> list[str]:
@@ -170,8 +204,8 @@ def _meta_problems(meta: DatasetMeta) -> list[str]:
 def _name_problems(meta: DatasetMeta) -> list[str]:
     """Inconsistencies of the system's name and the field names of ``meta``."""
     problems: list[str] = []
-    if not isinstance(meta.system, str) or not meta.system:
-        problems.append(f"system must be a non-empty string, got {meta.system!r}")
+    if not isinstance(meta.system, str):  # "" for a recording that no model made
+        problems.append(f"system must be a string, got {meta.system!r}")
     if not isinstance(meta.fields, tuple) or not meta.fields:
         problems.append(f"fields must be a non-empty tuple of names, got {meta.fields!r}")
     else:
@@ -204,10 +238,13 @@ def _grid_problems(meta: DatasetMeta) -> list[str]:
 def _time_problems(meta: DatasetMeta) -> list[str]:
     """Inconsistencies of the time stepping and the frame and experiment counts."""
     problems: list[str] = []
-    if not is_real(meta.dt) or not (math.isfinite(meta.dt) and meta.dt > 0):
-        problems.append(f"dt must be a positive finite float, got {meta.dt!r}")
-    if not is_int(meta.steps_per_frame) or meta.steps_per_frame < 1:
-        problems.append(f"steps_per_frame must be an int >= 1, got {meta.steps_per_frame!r}")
+    if meta.dt is not None and (not is_real(meta.dt)
+                                or not (math.isfinite(meta.dt) and meta.dt > 0)):
+        problems.append(f"dt must be a positive finite float or None, got {meta.dt!r}")
+    if meta.steps_per_frame is not None and (not is_int(meta.steps_per_frame)
+                                             or meta.steps_per_frame < 1):
+        problems.append(f"steps_per_frame must be an int >= 1 or None, got "
+                        f"{meta.steps_per_frame!r}")
     if not is_real(meta.t0) or not math.isfinite(meta.t0):
         problems.append(f"t0 must be a finite float, got {meta.t0!r}")
     # Zero is allowed here so that an empty on-disk dataset can be described and then
@@ -216,6 +253,9 @@ def _time_problems(meta: DatasetMeta) -> list[str]:
         value = getattr(meta, name)
         if not is_int(value) or value < 0:
             problems.append(f"{name} must be an int >= 0, got {value!r}")
+    if not problems:
+        problems += frame_time_problems(meta.frame_times, meta.n_frames, meta.t0, meta.dt,
+                                        meta.steps_per_frame)
     return problems
 
 
@@ -337,8 +377,9 @@ def meta_to_attrs(meta: DatasetMeta) -> dict[str, Any]:
             "spacing": [float(h) for h in meta.grid_spacing],
             "boundaries": list(meta.boundaries),
         },
-        "dt": float(meta.dt),
-        "steps_per_frame": int(meta.steps_per_frame),
+        # null for a recording: the times array holds when its frames were observed.
+        "dt": None if meta.dt is None else float(meta.dt),
+        "steps_per_frame": None if meta.steps_per_frame is None else int(meta.steps_per_frame),
         "t0": float(meta.t0),
         "true_params": (
             None if meta.true_params is None else {k: float(v) for k, v in meta.true_params.items()}
@@ -368,12 +409,19 @@ def meta_to_attrs(meta: DatasetMeta) -> dict[str, Any]:
         raise DatasetError(f"dataset metadata is not JSON-serialisable: {exc}") from exc
 
 
-def meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str,
+def meta_from_attrs(attrs: Mapping[str, Any], times: np.ndarray, where: str,
                      axis_values: Sequence[Sequence[float]] | None = None) -> DatasetMeta:
-    """Rebuild ``DatasetMeta`` from group attributes; ``n_frames`` comes from the times
-    array, ``axis_values`` (format version 2) from the coordinate arrays of ``attrs["axes"]``."""
+    """Rebuild ``DatasetMeta`` from group attributes and the stored observation ``times``
+    (kept as ``frame_times`` for a recording, which has no ``dt``/``steps_per_frame``;
+    checked against them by the reader otherwise); ``axis_values`` (format version >= 2)
+    from the coordinate arrays of ``attrs["axes"]``."""
     try:
         grid = attrs["grid"]
+        # Format versions 1 and 2 always recorded the simulation's step; 3 may not.
+        optional = attrs.get("format_version") not in (1, 2)
+        dt = attrs.get("dt") if optional else attrs["dt"]
+        steps_per_frame = attrs.get("steps_per_frame") if optional else attrs["steps_per_frame"]
+        recorded = dt is None or steps_per_frame is None
         axes = None if axis_values is None else tuple(
             Axis(a["name"], tuple(float(v) for v in values), a["units"], a["long_name"])
             for a, values in zip(attrs["axes"], axis_values, strict=True))
@@ -383,10 +431,10 @@ def meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str,
             grid_shape=tuple(grid["shape"]),
             grid_spacing=tuple(float(h) for h in grid["spacing"]),
             boundaries=tuple(grid["boundaries"]),
-            dt=float(attrs["dt"]),
-            steps_per_frame=attrs["steps_per_frame"],
+            dt=None if dt is None else float(dt),
+            steps_per_frame=steps_per_frame,
             t0=float(attrs["t0"]),
-            n_frames=n_frames,
+            n_frames=len(times),
             n_experiments=attrs["n_experiments"],
             true_params=attrs.get("true_params"),
             noise=attrs.get("noise", {"kind": "none"}),
@@ -398,6 +446,7 @@ def meta_from_attrs(attrs: Mapping[str, Any], n_frames: int, where: str,
             field_attrs=attrs.get("field_attrs", {}),
             param_attrs=attrs.get("param_attrs", {}),
             true_array_dims=attrs.get("true_array_dims", {}),
+            frame_times=tuple(float(t) for t in times) if recorded else None,
         )
     except KeyError as exc:
         raise DatasetError(f"{where}: attribute {exc.args[0]!r} is missing") from exc

@@ -39,7 +39,8 @@ from pdefit.data.schema import (
     meta_to_attrs,
 )
 
-__all__ = ["create_dataset", "write_block", "write_dataset", "write_true_array"]
+__all__ = ["create_dataset", "is_pdefit_dataset", "write_block", "write_dataset",
+           "write_true_array"]
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
     """Largest divisor of ``n`` that is <= ``limit`` (at least 1)."""
@@ -118,7 +119,7 @@ def _check_replaceable(path: PathLike, overwrite: bool, where: str) -> None:
     if Path(path).exists():
         if not overwrite:
             raise DatasetError(f"{where} already exists; pass overwrite=True to replace it")
-        if not _is_pdefit_dataset(path):
+        if not is_pdefit_dataset(path):
             raise DatasetError(
                 f"refusing to overwrite {os.fspath(path)}: it exists but is not a pdefit dataset"
             )
@@ -205,7 +206,7 @@ def _mask_fields(meta: DatasetMeta, masks: bool | Sequence[str], where: str) -> 
     return tuple(dict.fromkeys(masks))
 
 
-def _is_pdefit_dataset(path: PathLike) -> bool:
+def is_pdefit_dataset(path: PathLike) -> bool:
     """Whether ``path`` opens as a Zarr v3 group marked as a pdefit dataset."""
     try:
         group = zarr.open_group(os.fspath(path), mode="r", zarr_format=3)

@@ -22,6 +22,7 @@ from jax.sharding import SingleDeviceSharding
 from pdefit import data as zd
 from pdefit.fitting.components import (
     check_dynamics,
+    check_tiled_step,
     make_domain,
     make_grid,
     make_regularization,
@@ -32,7 +33,13 @@ from pdefit.fitting.components import (
     system_params,
 )
 from pdefit.fitting.fitted import FittedFileError, fitted_path, read_fitted
-from pdefit.fitting.observe import LOSSES, Observation, observable_names, observed_data
+from pdefit.fitting.observe import (
+    LOSSES,
+    Observation,
+    observable_names,
+    observed_data,
+    unobserved_after_first,
+)
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.fitting.synthetic import (
     data_system_config,
@@ -44,7 +51,7 @@ from pdefit.fitting.synthetic import (
 )
 from pdefit.fitting.window import Reader, Window, all_finite, read_observed, state_from_first_frames
 from pdefit.model.params import ParameterError, ParameterLayout
-from pdefit.model.system import System
+from pdefit.model.system import System, made_by
 from pdefit.numerics.grid import Grid
 from pdefit.options import ConfigError, FitConfig
 from pdefit.parallel.domain import FIELD, FRAMES, PER_EXPERIMENT, REPLICATED, Domain
@@ -159,12 +166,17 @@ def _source(cfg: FitConfig, system: System, grid: Grid, ds: zd.Dataset) -> Sourc
     """The dataset checked against the system, grid and observed fields (``data.*``)."""
     # A surrogate fit reads a dataset of another system: only the observed fields mean the
     # same thing in both (e.g. the voltage-like u), so only those are taken from it.
-    surrogate = cfg.data.system is not None and cfg.data.system != system.name
+    surrogate = cfg.data.system is not None and not made_by(cfg.data.system, system)
     time_scale = float(cfg.data.time_scale)
     if not time_scale > 0:
         raise ConfigError(f"data.time_scale must be positive, got {time_scale}")
+    # A dataset names the system that made it by its name or its import path (a user's
+    # system: system_reference); a recording that no model made names none ("").
+    recorded = ds.meta.system
+    made_here = (recorded == cfg.data.system if surrogate else made_by(recorded, system))
+    expected = recorded if made_here or not recorded else cfg.data.system or system.name
     # Values are checked for NaN/Inf below, on the windows this process loads anyway.
-    zd.validate_dataset(ds, system=cfg.data.system or system.name,
+    zd.validate_dataset(ds, system=expected,
                         fields=list(cfg.observe.fields), grid_shape=grid.shape,
                         grid_spacing=grid.spacing, boundaries=grid.boundaries,
                         check_finite=False)
@@ -174,20 +186,30 @@ def _source(cfg: FitConfig, system: System, grid: Grid, ds: zd.Dataset) -> Sourc
 
 
 def _window(cfg: FitConfig, source: Source) -> Window:
-    """The frames and experiments of ``data.*``; each used frame must fall on a step of the
-    fit's dt."""
+    """The frames and experiments of ``data.*``; each used frame's stored time must fall on a
+    step of the fit's dt (``system.dt``; the dataset's own step, if any, is not used)."""
     meta, time_scale = source.meta, source.time_scale
     frames = list(range(meta.n_frames)) if cfg.data.frames is None else list(cfg.data.frames)
     if not frames or sorted(set(frames)) != frames or frames[0] < 0 or frames[-1] >= meta.n_frames:
         raise ConfigError(f"data.frames must be increasing indices in [0, {meta.n_frames}), "
                           f"got {frames}")
-    ratio = meta.frame_interval / time_scale / cfg.system.dt
-    steps_per_frame = round(ratio)
-    if steps_per_frame < 1 or abs(ratio - steps_per_frame) > 1e-6 * ratio:
-        raise ConfigError(f"frames are {meta.frame_interval / time_scale} model time units "
-                          f"apart (dataset interval {meta.frame_interval} / data.time_scale "
-                          f"{time_scale}), not a multiple of system.dt={cfg.system.dt}")
-    frame_steps = [(f - frames[0]) * steps_per_frame for f in frames]
+    dt = float(cfg.system.dt)
+    times = meta.times
+    # Model time since the first used frame, in steps of dt: each must be a whole number.
+    ratios = (times[frames] - times[frames[0]]) / time_scale / dt
+    frame_steps = [round(r) for r in ratios]
+    off = [f for f, r, k in zip(frames, ratios, frame_steps, strict=True)
+           if abs(r - k) > 1e-6 * max(r, 1e-300) or (f != frames[0] and k < 1)]
+    if off:
+        shown = ", ".join(f"{times[f]:g}" for f in off[:4]) + (" …" if len(off) > 4 else "")
+        raise ConfigError(
+            f"system.dt={dt}: frame(s) {off[:4]}{' …' if len(off) > 4 else ''} at time(s) "
+            f"{shown} (from the first used frame at {times[frames[0]]:g}, divided by "
+            f"data.time_scale {time_scale:g}) are not a multiple of system.dt; choose a "
+            "system.dt that divides the times between the frames")
+    if sorted(set(frame_steps)) != frame_steps:
+        raise ConfigError(f"system.dt={dt}: two used frames fall on one step (frame steps "
+                          f"{frame_steps}); choose a smaller system.dt")
     experiments = (list(range(meta.n_experiments)) if cfg.data.experiments is None
                    else list(cfg.data.experiments))
     if not experiments or min(experiments) < 0 or max(experiments) >= meta.n_experiments:
@@ -207,6 +229,10 @@ def _mesh(cfg: FitConfig, system: System, grid: Grid, window: Window,
                          system.stencil_radius)
         except ValueError as err:
             raise ConfigError(f"mesh: {err}") from None
+        # Before anything is compiled for the mesh: do the system's operators take their
+        # halos from the neighbouring tiles? (One step, tiled and not, on a small grid.)
+        check_tiled_step(system, grid, system_params(system, cfg.system.params),
+                         domain.shape[1:], cfg.system.dt, cfg.system.integrator)
     placement = (domain.sharding(FRAMES) if domain is not None
                  else SingleDeviceSharding(jax.devices()[0]))
     return domain, placement
@@ -218,6 +244,14 @@ def _observed(cfg: FitConfig, system: System, derived: tuple[str, ...], reader: 
     treated as ``observe.nan`` says."""
     obs_cfg, window = cfg.observe, reader.window
     values, masks = read_observed(reader, obs_cfg.fields, obs_cfg.stride, obs_cfg.nan)
+    unseen = unobserved_after_first(masks) if len(window.frames) > 1 else []
+    if unseen:
+        key = "observe.nan=mask" if obs_cfg.nan == "mask" else "observe.fields"
+        raise ConfigError(
+            f"{key}: no value of {unseen} after the first frame of the training window is "
+            "observed (all missing: NaN or masked), so the fit would see nothing of it and "
+            f"stop at its start values; drop {unseen[0]!r} from observe.fields, choose other "
+            "data.frames, or fix the dataset")
     observation = Observation(tuple(obs_cfg.fields), obs_cfg.stride, obs_cfg.loss,
                               tuple(sorted(dict(obs_cfg.field_weights).items())),
                               system.observables if derived else None)

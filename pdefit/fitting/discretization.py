@@ -93,7 +93,7 @@ from pdefit.adjoint import LossChain, StoreAll
 from pdefit.fitting import uncertainty
 from pdefit.fitting.observe import ObservedData, zero_like_state
 from pdefit.fitting.problem import Batch, FitProblem
-from pdefit.model.system import System, stable_dt_limit, stepper
+from pdefit.model.system import System, made_by, stable_dt_limit, stepper
 from pdefit.numerics.grid import PERIODIC, Grid
 from pdefit.parallel.processes import host_scalar
 
@@ -273,12 +273,14 @@ def twin_reason(meta: Any, problem: FitProblem) -> str | None:
     system_cfg = (config.get("simulate") or {}).get("system") or config.get("system") or {}
     if made is None and not system_cfg:
         return None  # not simulated by pdefit: nothing says how it was made
-    if meta.system != problem.system.name:
+    if not made_by(meta.system, problem.system):
         return None
     integrator = (made or {}).get("integrator", system_cfg.get("integrator"))
     own_step = hasattr(problem.system, "step")  # the integrator is not used
     grid_shape = tuple((made or {}).get("grid_shape", meta.grid_shape))
-    same_dt = math.isclose(float(meta.dt), float(problem.dt), rel_tol=1e-9)
+    # A recording (no dt) was made by no solver of ours: independent data.
+    same_dt = meta.dt is not None and math.isclose(float(meta.dt), float(problem.dt),
+                                                   rel_tol=1e-9)
     if (same_dt and (own_step or integrator == problem.integrator)
             and grid_shape == tuple(problem.grid.shape)):
         stepping = "step" if own_step else f"integrator {problem.integrator}"

@@ -145,6 +145,20 @@ def observed_data(observation: Observation, values: Mapping[str, Any],
     return ObservedData(vals, weights, scale, jnp.asarray(slot_of_step))
 
 
+def unobserved_after_first(masks: Mapping[str, Any | None]) -> list[str]:
+    """The fields whose mask (n_exp, n_frames, ...; None: all observed) has no observed point
+    after the first frame of the window: the first frame is the initial state (the data
+    themselves where they are not fitted), so such a field constrains nothing and a fit on it
+    stops at once at its start values."""
+    return [name for name, mask in masks.items()
+            if mask is not None and int(host_array(_observed_after_first(mask))) == 0]
+
+
+@jax.jit
+def _observed_after_first(mask):
+    return jnp.sum(mask[:, 1:])
+
+
 @jax.jit
 def _zero_missing_and_normalisers(values, weights):
     values = jnp.where(weights, values, 0.0)

@@ -102,6 +102,13 @@ def _check_config(saved: Mapping[str, Any] | None, config: Mapping[str, Any],
 def _check_compatible(restored: Any, config: Mapping[str, Any], fingerprint: str | None,
                       store: CheckpointStore) -> None:
     _check_config(restored.config, config, store)
+    steps = (config.get("optim") or {}).get("steps")
+    if isinstance(steps, int) and restored.step > steps:
+        # Resuming would rewrite the results of the longer run as if it had stopped here.
+        raise ResumeMismatchError(
+            f"optim.steps: {store.directory} holds a fit checkpointed at step "
+            f"{restored.step}, beyond optim.steps={steps}, and a resume cannot undo steps. "
+            f"{RESUME_HINT}")
     saved = restored.meta.get("data_fingerprint")
     if saved and fingerprint and saved != fingerprint:
         raise ResumeMismatchError(

@@ -23,6 +23,7 @@ from pdefit import data as zd
 from pdefit.fitting import discretization
 from pdefit.fitting.components import (
     check_dynamics,
+    check_mesh_operators,
     make_grid,
     make_system,
     observable_fields,
@@ -35,6 +36,7 @@ from pdefit.model.system import (
     check_time_step,
     dataset_labels,
     stepper,
+    system_reference,
 )
 from pdefit.numerics.grid import Grid
 from pdefit.numerics.integrate import simulate
@@ -200,7 +202,7 @@ def dataset_meta(cfg: SimulationOptions,
     scalars = {k: v for k, v in params.items()
                if not system.params[k].shape and k not in per_experiment}
     meta = zd.DatasetMeta(
-        system=system.name, fields=fields, grid_shape=grid.shape,
+        system=system_reference(system), fields=fields, grid_shape=grid.shape,
         grid_spacing=grid.spacing, boundaries=grid.boundaries, dt=made["dt"],
         steps_per_frame=int(sim.steps_per_frame) * made["dt_factor"], t0=0.0,
         n_frames=int(sim.n_frames), n_experiments=int(sim.n_experiments),
@@ -266,6 +268,8 @@ def simulate_dataset(cfg: SimulationOptions, path: Path, dtype: Any,
     Metadata once, before any writer; then every JAX process simulates its own experiments
     (rank, rank + P, ...) and writes whole shards of them, so no two writers share a shard."""
     meta, system, grid, params = dataset_meta(cfg)
+    if isinstance(cfg, FitConfig):  # a fit that cannot run on its mesh: before simulating
+        check_mesh_operators(cfg)
     rank, n_processes = jax.process_index(), jax.process_count()
     if rank == 0:
         zd.create_dataset(path, meta, frames_per_shard=cfg.simulate.frames_per_shard,

@@ -35,16 +35,24 @@ closed over by jitted functions. It provides:
   names of its dimensions).
 
 Systems call the stencils on ``grid.pad(u, radius)`` blocks and never call collectives.
+
+A system is checked before it is used: :func:`get_system` checks the static contract
+(:func:`check_system`), :func:`check_system_on` its hooks' fields, shapes and dtypes on a grid
+(by tracing, nothing computed); each failure is a :class:`SystemCheckError` naming the system
+and the hook. A dataset names its system by :func:`system_reference` (an import path for a
+user's system), which :func:`get_system` finds again.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from importlib.metadata import entry_points
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pdefit.model.params import ParamSpec
@@ -122,9 +130,177 @@ def get_system(name: str, **options: Any) -> System:
     if not (hasattr(system, "rhs") or hasattr(system, "step")):
         missing.append("rhs or step")
     if missing:
-        raise ValueError(f"system {name!r} ({cls.__qualname__}) lacks {missing}; see "
-                         "pdefit.model.system for what a system provides")
+        raise SystemCheckError(f"system {name!r} ({cls.__qualname__}) lacks {missing}; see "
+                               "pdefit.model.system for what a system provides")
+    check_system(system)
     return system
+
+
+class SystemCheckError(ValueError):
+    """A system's hook breaks the contract of :class:`System` (a missing field in what ``rhs``
+    returns, a parameter that is not a :class:`~pdefit.model.params.ParamSpec`, an initial
+    state of the wrong shape, operators that ignore the halo on a mesh); the message names the
+    system and the hook."""
+
+
+def _who(system: Any) -> str:
+    """"system 'name'" for messages (the class name where the name is unusable)."""
+    name = getattr(system, "name", None)
+    if isinstance(name, str) and name:
+        return f"system {name!r}"
+    return f"system {type(system).__qualname__}"
+
+
+def check_system(system: Any) -> None:
+    """Raise :class:`SystemCheckError` unless ``system`` keeps the static contract of
+    :class:`System`: a non-empty ``name``, ``fields`` a non-empty tuple of distinct names,
+    ``params`` a dict of name → :class:`ParamSpec`, ``stencil_radius`` an integer ≥ 0,
+    callable hooks, and hashable (jitted code caches on the system: a frozen dataclass)."""
+    who = _who(system)
+    if not isinstance(getattr(system, "name", None), str) or not system.name:
+        raise SystemCheckError(f"{who}: name must be a non-empty string, got "
+                               f"{getattr(system, 'name', None)!r}")
+    fields = getattr(system, "fields", None)
+    if (not isinstance(fields, tuple | list) or not fields
+            or not all(isinstance(f, str) and f for f in fields)):
+        raise SystemCheckError(f"{who}: fields must be a non-empty tuple of field names (str), "
+                               f"got {fields!r}")
+    repeated = sorted({f for f in fields if list(fields).count(f) > 1})
+    if repeated:
+        raise SystemCheckError(f"{who}: fields {list(fields)} name {repeated} more than once")
+    params = getattr(system, "params", None)
+    if not isinstance(params, Mapping):
+        raise SystemCheckError(f"{who}: params must be a dict of parameter name -> "
+                               f"pdefit.ParamSpec, got {type(params).__name__}")
+    for name, spec in params.items():
+        if not isinstance(spec, ParamSpec):
+            hint = f"ParamSpec({spec!r})" if isinstance(spec, int | float) else "ParamSpec(...)"
+            raise SystemCheckError(f"{who}: parameter {name!r} is a {type(spec).__name__} "
+                                   f"({spec!r}), not a pdefit.ParamSpec; write {name!r}: {hint}")
+    radius = getattr(system, "stencil_radius", None)
+    if not isinstance(radius, int | np.integer) or isinstance(radius, bool) or radius < 0:
+        raise SystemCheckError(f"{who}: stencil_radius must be an integer >= 0 (the halo its "
+                               f"operators read), got {radius!r}")
+    hooks = [h for h in ("max_stable_dt", "initial_state")
+             if not callable(getattr(system, h, None))]
+    if not any(callable(getattr(system, h, None)) for h in ("rhs", "step")):
+        hooks.append("rhs or step")
+    if hooks:
+        raise SystemCheckError(f"{who}: {hooks} must be methods")
+    try:
+        hash(system)
+    except TypeError:
+        raise SystemCheckError(f"{who}: {type(system).__qualname__} is not hashable (jitted "
+                               "code caches on the system): make it @dataclass(frozen=True)"
+                               ) from None
+
+
+# (system, grid, precision) whose hooks passed check_system_on: checked once each.
+_CHECKED_ON: set[tuple[Any, ...]] = set()
+
+
+def check_system_on(system: System, grid: Grid, params: Mapping[str, Any], seed: int = 0,
+                    dt: float = 1e-3) -> None:
+    """Raise :class:`SystemCheckError` unless the system's hooks keep the contract on
+    ``grid``: ``initial_state`` returns exactly the system's fields, each of the grid's shape
+    in a floating dtype, and ``rhs`` (or ``step``) returns every field with the state's shape
+    and dtype. Shapes only (``jax.eval_shape``): nothing is computed, at any grid size. A
+    ValueError the system raises itself (a grid it cannot use) passes through unchanged."""
+    dtype = jnp.result_type(float)  # the run's precision
+    key = (system, grid, str(dtype))
+    if key in _CHECKED_ON:
+        return
+    who, shape = _who(system), tuple(grid.shape)
+    initial = _hook_shapes(system, "initial_state",
+                           lambda: system.initial_state(grid, dict(params), seed))
+    _check_fields(who, "initial_state", initial, system.fields, shape, None)
+    state = {f: jax.ShapeDtypeStruct(shape, dtype) for f in system.fields}
+    values = {k: jax.ShapeDtypeStruct(np.shape(v), dtype) for k, v in params.items()}
+    time = jax.ShapeDtypeStruct((), dtype)
+    if hasattr(system, "step"):
+        hook = "step"
+        out = _hook_shapes(system, hook, lambda: jax.eval_shape(
+            lambda s, p, t: system.step(s, p, t, dt, grid), state, values, time))
+    else:
+        hook = "rhs"
+        out = _hook_shapes(system, hook, lambda: jax.eval_shape(
+            lambda s, p, t: system.rhs(s, p, t, grid), state, values, time))
+    _check_fields(who, hook, out, system.fields, shape, dtype)
+    _CHECKED_ON.add(key)
+
+
+def _hook_shapes(system: System, hook: str, call: Callable[[], Any]) -> Any:
+    """What ``call`` (a hook's call) returns, as shapes: traced abstractly where the hook
+    allows, else (a hook that needs concrete values) computed. A failure other than the
+    system's own ValueError becomes a :class:`SystemCheckError` naming the hook."""
+    try:
+        try:
+            return jax.eval_shape(call)
+        except jax.errors.JAXTypeError:
+            return jax.tree.map(lambda v: jax.ShapeDtypeStruct(
+                np.shape(v), v.dtype if hasattr(v, "dtype") else np.result_type(v)), call())
+    except SystemCheckError:
+        raise
+    except ValueError:
+        raise
+    except Exception as err:  # the user's code: any failure is the hook's
+        message = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise SystemCheckError(f"{_who(system)}: {hook} failed: {type(err).__name__}: "
+                               f"{message}") from err
+
+
+def _check_fields(who: str, hook: str, out: Any, fields: Sequence[str],
+                  shape: tuple[int, ...], dtype: Any) -> None:
+    """``out`` (shapes of a hook's result) has exactly ``fields``, each of ``shape`` and
+    ``dtype`` (None: any floating dtype)."""
+    if not isinstance(out, Mapping):
+        raise SystemCheckError(f"{who}: {hook} returned a {type(out).__name__}, not a dict of "
+                               f"field name -> array for fields {list(fields)}")
+    missing = [f for f in fields if f not in out]
+    extra = [f for f in out if f not in fields]
+    if missing or extra:
+        need = ("every field needs its time derivative" if hook == "rhs" else
+                "it must return exactly the system's fields")
+        raise SystemCheckError(f"{who}: {hook} returned fields {list(out)} for state fields "
+                               f"{list(fields)} (missing {missing}, extra {extra}): {need}")
+    for name in fields:
+        value = out[name]
+        got_shape, got_dtype = tuple(getattr(value, "shape", ())), getattr(value, "dtype", None)
+        if got_shape != shape:
+            raise SystemCheckError(f"{who}: {hook} returned field {name!r} of shape {got_shape}; "
+                                   f"the grid's shape is {shape}")
+        floating = got_dtype is not None and jnp.issubdtype(got_dtype, jnp.floating)
+        if not floating or (dtype is not None and got_dtype != dtype):
+            want = "a floating dtype" if dtype is None else f"the state's dtype {dtype}"
+            raise SystemCheckError(f"{who}: {hook} returned field {name!r} of dtype "
+                                   f"{got_dtype}; it needs {want}")
+
+
+def system_reference(system: System) -> str:
+    """The name that finds ``system``'s class again (:func:`system_class`): its own name where
+    that is built in or installed as this class, else the import path
+    ``package.module:QualName`` of its class (what a dataset records as its ``system``)."""
+    cls = type(system)
+    try:
+        if system_class(system.name) is cls:
+            return system.name
+    except Exception:  # an unresolvable name (or a failing import): the import path answers
+        pass
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def made_by(recorded: str, system: System) -> bool:
+    """Whether a dataset whose ``system`` is ``recorded`` was made by (a system called like)
+    ``system``: its name, its reference (:func:`system_reference`), or an import path to a
+    class of the same name."""
+    if recorded in (system.name, system_reference(system)):
+        return True
+    if ":" not in recorded:
+        return False
+    try:
+        return getattr(system_class(recorded), "name", None) == system.name
+    except Exception:  # a path that no longer imports made nothing this system can claim
+        return False
 
 
 class UnstableTimeStepError(ValueError):

@@ -148,8 +148,24 @@ class Domain:
         mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=in_specs, out_specs=P())
         return mapped(*args)
 
+    def map_tiles(self, grid: Grid, local: Callable[[TileGrid, Any, Any], Any], fields: Any,
+                  replicated: Any) -> Any:
+        """``local(tile_grid, tile_fields, replicated)`` on every tile of ``fields`` (arrays
+        ``(ny, nx)`` on ``grid``, one experiment, the same on every row of the experiment
+        axis) in one ``shard_map``, and the tiles it returns put together again: the tiled
+        twin of ``local(grid, fields, replicated)``, for checking a system's operators."""
+        tile_grid = self.tile_grid(grid)
+
+        def per_device(tile_fields, values):
+            return local(tile_grid, tile_fields, values)
+
+        mapped = jax.shard_map(per_device, mesh=self.mesh, in_specs=(TILE, REPLICATED),
+                               out_specs=TILE)
+        return mapped(fields, replicated)
+
 
 FIELD = P("e", "y", "x")  # (n_exp, ny, nx)
 FRAMES = P("e", None, "y", "x")  # (n_exp, n_frames, ny, nx)
 PER_EXPERIMENT = P("e")
 REPLICATED = P()
+TILE = P("y", "x")  # (ny, nx): one experiment's field

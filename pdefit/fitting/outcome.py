@@ -1,0 +1,98 @@
+"""What a finished fit says about its own result, for the command line's ``summary.json``
+(:mod:`pdefit.app.fit_report`) and the Python API's ``FitResult`` (:func:`pdefit.fit`) alike:
+the fitted scalars' 95 % intervals with the curvature they come from
+(:mod:`pdefit.fitting.uncertainty`), and the verdict on the residual — is what the model does
+not explain the data's noise, their rounding, or more than that?
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pdefit.fitting.problem import Batch, FitProblem
+from pdefit.fitting.uncertainty import (
+    CurvatureParts,
+    curvature_parts,
+    estimate,
+    known_sigma,
+    unavailable_reason,
+)
+
+# Residual verdicts (``residual_verdict(...)["verdict"]``).
+NOISE = "noise"  # the residual is the recorded noise level, as far as its spread allows
+ABOVE_NOISE = "above_noise"  # more than the recorded noise: model error or not converged
+BELOW_NOISE = "below_noise"  # less than the recorded noise: the recorded level overstates it
+ROUNDOFF = "roundoff"  # noise-free data fitted to their storage precision
+MODEL_ERROR = "model_error"  # partly discretization error (the discretization check says)
+ESTIMATED = "estimated"  # no noise level recorded: σ is estimated from the residual
+UNKNOWN = "unknown"  # no intervals, so no residual statistics
+# How many standard deviations of the reduced χ² (√(2/dof)) from 1 still count as noise.
+CHI2_SPREAD = 3.0
+
+
+def intervals(problem: FitProblem, theta: Any, batch: Batch,
+              noise: Mapping[str, Any] | None = None,
+              log: Callable[[str], None] = print,
+              ) -> tuple[dict[str, Any], CurvatureParts | None]:
+    """The ``uncertainty`` block of summary.json at ``theta`` (standard errors and 95 %
+    intervals of the fitted shared scalars, :func:`pdefit.fitting.uncertainty.estimate`) with
+    the dataset's ``noise`` (its ``meta.noise``; None where the data come from another
+    system), and the curvature it comes from (None without intervals, with the reason)."""
+    reason = unavailable_reason(problem)
+    if reason is not None:
+        log(f"no parameter intervals: {reason}")
+        return {"available": False, "reason": reason}, None
+    log("parameter intervals: one forward-tangent sweep over the training window…")
+    parts = curvature_parts(problem, theta, batch)
+    return estimate(problem, theta, batch, known_sigma(noise), parts=parts), parts
+
+
+def residual_verdict(uncertainty: Mapping[str, Any]) -> dict[str, Any]:
+    """What the residual of a fit is, from its ``uncertainty`` block (after the
+    discretization check marked it, :func:`pdefit.fitting.discretization.mark_intervals`):
+    ``verdict`` (one of this module's constants), ``rms_residual``, ``noise_sigma`` (the
+    recorded level, or None), ``reduced_chi2`` (RSS / (dof σ²) against a recorded level) and
+    a one-line ``message``."""
+    if not uncertainty.get("available"):
+        reason = uncertainty.get("reason", "no intervals")
+        return {"verdict": UNKNOWN, "rms_residual": None, "noise_sigma": None,
+                "reduced_chi2": None, "message": f"no residual statistics: {reason}"}
+    rss, n_values, dof = uncertainty["rss"], uncertainty["n_values"], uncertainty["dof"]
+    rms = math.sqrt(rss / n_values) if n_values else 0.0
+    recorded = uncertainty["sigma_source"] == "dataset"
+    sigma = uncertainty["sigma"] if recorded else None
+    chi2 = rss / (dof * sigma**2) if recorded and dof > 0 and sigma else None
+    verdict, message = _verdict(uncertainty, rms, sigma, chi2, dof)
+    return {"verdict": verdict, "rms_residual": rms, "noise_sigma": sigma,
+            "reduced_chi2": chi2, "message": message}
+
+
+def _verdict(uncertainty: Mapping[str, Any], rms: float, sigma: float | None,
+             chi2: float | None, dof: int) -> tuple[str, str]:
+    """(verdict, message) of :func:`residual_verdict`."""
+    if uncertainty.get("model_error_dominated"):
+        return MODEL_ERROR, (f"RMS residual {rms:.3g} is partly discretization error (see the "
+                             "discretization check): the intervals take it for noise")
+    if uncertainty.get("residual_at_roundoff"):
+        return ROUNDOFF, (f"RMS residual {rms:.3g} is at the data's rounding level: "
+                          "noise-free data fitted to their precision")
+    if chi2 is None:
+        return ESTIMATED, (f"RMS residual {rms:.3g}; the dataset records no noise level, so "
+                           "the intervals take the residual for noise")
+    spread = CHI2_SPREAD * math.sqrt(2.0 / dof)
+    # An initial state read from the noisy first frame carries that frame's noise into every
+    # later one: up to about σ² more per value where the dynamics do not amplify it.
+    copied = bool(uncertainty.get("copied_initial_values"))
+    carried = " (with the first frame's noise carried by the initial state read from it)"
+    if chi2 > 1.0 + spread + (1.0 if copied else 0.0):
+        return ABOVE_NOISE, (f"RMS residual {rms:.3g} exceeds the recorded noise σ = "
+                             f"{sigma:.3g} (reduced χ² {chi2:.3g}): model error, or the fit "
+                             "has not reached the optimum")
+    if chi2 < 1.0 - spread:
+        return BELOW_NOISE, (f"RMS residual {rms:.3g} is below the recorded noise σ = "
+                             f"{sigma:.3g} (reduced χ² {chi2:.3g}): the recorded level "
+                             "overstates the noise, or the fit follows it")
+    return NOISE, (f"RMS residual {rms:.3g} is the recorded noise σ = {sigma:.3g} "
+                   f"(reduced χ² {chi2:.3g}){carried if copied and chi2 > 1.0 + spread else ''}")
