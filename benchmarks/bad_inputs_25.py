@@ -130,7 +130,7 @@ def _silent_and_late(work: Path, dataset: Path, fit: Callable, run: Callable, ro
     missing = _recording_without_u(work, dataset)
     rows.append(row("observe.nan=mask, every u after frame 0 missing", run(fit(
         work / "nan", f"data.path={missing}", "data=zarr", "observe.nan=mask",
-        "observe.fields=[u]", "optim.steps=3"), work)))
+        "observe.fields=[u,v]", "optim.steps=3"), work)))
     done = work / "done-12"
     assert run(fit(done, "optim=adam", "optim.steps=12", "fit.params=[k,a]"), work)[0] == 0
     rows.append(row("finished 12-step run rerun with optim.steps=8",
@@ -147,30 +147,36 @@ def _silent_and_late(work: Path, dataset: Path, fit: Callable, run: Callable, ro
                         ("run.dir=<read-only>" + (" (as root: writable)" if os.geteuid() == 0
                                                   else ""), readonly / "run"),
                         ("run.dir=<name with [brackets]>", work / "run[1]")):
-        rows.append(row(case, run(fit(where, *adam), work)))
+        quoted = [f"run.dir='{where}'", *fit(where, *adam)[2:]]  # Hydra's quoting of [ ]
+        rows.append(row(case, run([fit(where)[0], *quoted], work)))
     two = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    rows.append(row("system=rayleigh_benard mesh.shape=[1,2] on 2 devices", run(
-        [str(BIN / "pdefit-fit"), f"run.dir={work / 'rb'}", "system=rayleigh_benard",
-         "mesh.shape=[1,2]", "run.progress=false", "run.plots=false"], work, env=two)))
+    rows.append(row("system=sphere_ns mesh.shape=[1,2] (a longitude split) on 2 devices", run(
+        [str(BIN / "pdefit-fit"), f"run.dir={work / 'sphere'}", "system=sphere_ns",
+         "fit.params=[nu]", "mesh.shape=[1,2]", "run.progress=false", "run.plots=false"],
+        work, env=two)))
     return rows
 
 
 def _user_systems(work: Path, fit: Callable, run: Callable, row: Callable) -> list[Row]:
     env = {"PYTHONPATH": str(HERE)}
-    common = ["~system.options", "system.params={}", "system.dt=0.01",
-              "fit.params=[a,b]", "observe.fields=[u]", "optim.steps=2"]
+
+    def user_fit(name: str, cls: str, *extra: str) -> list[str]:
+        return [str(BIN / "pdefit-fit"), f"run.dir={work / name}",
+                f"system.name=bad_user_system:{cls}", "system.grid.shape=[16,16]",
+                "system.dt=0.01", "simulate.n_frames=5", "simulate.steps_per_frame=10",
+                "fit.params=[a,b]", "observe.fields=[u,v]", "optim=adam", "optim.steps=2",
+                "adjoint=store_all", "run.progress=false", "run.plots=false", *extra]
+
     rows = []
     for case, cls in (("user system: rhs misses a field", "MissingField"),
                       ("user system: a parameter is a float", "FloatParameter"),
                       ("user system: initial state of the wrong shape", "WrongShape")):
-        rows.append(row(case, run(fit(work / f"user-{cls}",
-                                      f"system.name=bad_user_system:{cls}", *common),
-                                  work, env=env)))
+        rows.append(row(case, run(user_fit(f"user-{cls}", cls), work, env=env)))
     four = {**env, "XLA_FLAGS": "--xla_force_host_platform_device_count=4"}
     for cls in ("RolledLaplacian", "Good"):
         case = f"user system on a 2×2 mesh: {cls}" + (" (runs)" if cls == "Good" else "")
-        rows.append(row(case, run(fit(work / f"mesh-{cls}", f"system.name=bad_user_system:{cls}",
-                                      *common, "mesh.shape=[2,2]"), work, env=four)))
+        rows.append(row(case, run(user_fit(f"mesh-{cls}", cls, "mesh.shape=[2,2]"), work,
+                                  env=four)))
     return rows
 
 

@@ -37,7 +37,7 @@ import yaml
 from pdefit import data as zd
 from pdefit.app.config import typed_options
 from pdefit.app.validate import validate_discretization_check
-from pdefit.fitting import assemble, discretization, outcome, synthetic
+from pdefit.fitting import assemble, discretization, multistart, outcome, synthetic
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
 from pdefit.model.system import System, made_by, system_reference
@@ -111,7 +111,9 @@ def build_problem(system: System | str,
     ``simulate.refine.dt_factor`` for data made at a finer step, so that refined data are
     fitted at the coarse step they were made to test) and its integrator (``euler`` when it
     does not say, or when another system made the data). ``frames``/``experiments`` select
-    indices of the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values.
+    indices of the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values
+    or to ``"data"`` for a known initial state (the dataset's first frame): a field that is not
+    observed needs one of them unless the system derives it from the observed fields.
     ``dataset`` may also be frames in memory: field name → array ``(n_frames, ny, nx)`` or
     ``(n_experiments, n_frames, ny, nx)`` (NaN: unobserved), with ``grid``, ``dt`` and
     ``frame_interval`` (a multiple of ``dt``; default ``dt``) saying where and when they lie,
@@ -348,7 +350,7 @@ def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -
 def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         progress: bool = False, run_dir: str | PathLike | None = None,
         discretization_check: bool | Mapping[str, Any] = True, uncertainty: bool = True,
-        **options: Any) -> FitResult:
+        starts: int = 1, **options: Any) -> FitResult:
     """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
     ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
     :class:`pdefit.options.OptimConfig` (``lr``, ``grad_tol``, ``patience``, ...), the
@@ -359,9 +361,17 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     "parameters": True}``; False skips it); the result is ``FitResult.discretization``.
     ``uncertainty``: the fitted scalars' 95 % intervals and the residual's verdict
     (``FitResult.uncertainty``, ``.intervals``, ``.residual``; one forward-tangent sweep
-    after the fit, as ``fit.uncertainty`` on the command line; False skips them)."""
-    problem = setup.problem
+    after the fit, as ``fit.uncertainty`` on the command line; False skips them).
+    ``starts`` > 1: a multi-start (:mod:`pdefit.fitting.multistart`): the given start and
+    ``starts`` − 1 more (its shared scalars × U(0.5, 1.5), seeds 1, 2, ...), each probed for
+    10 % of the steps; the fit continues from the best probe (``FitResult.history``'s run
+    starts there; ``start`` is the winning start)."""
     cfg = optimizer_config(optimizer, steps, **options)
+    if starts > 1:
+        setup, _ = multistart.choose(
+            [setup, *(multistart.perturbed(setup, 0.5, 1.5, i) for i in range(1, starts))],
+            cfg, multistart.probe_length(cfg, None), log=log.info)
+    problem = setup.problem
     check = _discretization_options(discretization_check, problem)
     curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)
@@ -378,7 +388,8 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         problem.loss, setup.theta0, setup.batch, cfg, describe=problem.scalar_values,
         progress=progress, log=log.info, curvature=curvature, config=identity,
         metrics_path=None if out is None else out / "metrics.jsonl",
-        checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR))
+        checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR),
+        layout=problem.layout)
     theta = history.best_theta
     fitted, fields = _fitted_values(problem, theta)
     intervals, report, residual = _assessment(setup, theta, check, uncertainty)

@@ -117,6 +117,12 @@ class ObserveConfig:
     loss: str = "mse"  # mse | relative_mse
     field_weights: dict[str, float] = field(default_factory=dict)
     nan: str = "error"  # error: NaN/Inf outside the mask is rejected; mask: NaN means missing
+    # The data's additive noise level σ: one number, or field -> number for every observed
+    # field (null: the level the dataset records, if any, else estimated from the residual).
+    # Each field's misfit is weighted by 1/σ_f² (relative to their mean, so one field, or
+    # equal levels, leave the loss as it is), and the intervals and the residual verdict
+    # (reduced χ²) take σ as known. For a recording whose file records none.
+    noise_sigma: Any = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +165,11 @@ class FitSpecConfig:
     # start = reference × U(low, high), the reference being the dataset truth when known
     perturb: PerturbConfig | None = field(default_factory=PerturbConfig)
     transforms: dict[str, str] = field(default_factory=dict)  # per-parameter override
-    initial_fields: dict[str, str] = field(default_factory=dict)  # field -> data | fit
+    # field -> fit (fitted with the parameters) | data (a known initial state: the dataset's
+    # first frame, e.g. in a twin experiment). A field that is not observed must be named here
+    # unless the system derives it from the observed fields (state_from_observables); it never
+    # starts from the dataset's first frame silently (that is a truth no recording has).
+    initial_fields: dict[str, str] = field(default_factory=dict)
     # Fitted parameters with one value per experiment (e.g. an alignment); the others are
     # shared by all experiments.
     per_experiment: list[str] = field(default_factory=list)
@@ -181,6 +191,12 @@ class FitSpecConfig:
     # forward runs after the fit).
     discretization_check: DiscretizationCheckConfig = field(
         default_factory=DiscretizationCheckConfig)
+    # Multi-start (pdefit.fitting.multistart): `starts` start points — the configured one and
+    # starts − 1 more drawn as fit.perturb draws its start, with seeds perturb.seed + i — each
+    # run for start_probe_steps optimiser steps (null: 10 % of optim.steps, at least 1) on the
+    # first training window; the fit continues from the best point of the lowest probe loss.
+    starts: int = 1
+    start_probe_steps: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +212,16 @@ class OptimConfig:
     max_nan_failures: int = 5
     grad_tol: float = 0.0  # stop once |grad| <= grad_tol * |initial grad|
     patience: int | None = None  # stop once the loss has not improved in this many steps
+    # Step control against run-off (pdefit.fitting.optimisers.StepLimits): no log-transformed
+    # parameter changes by more than a factor exp(max_log_step) per step (2.302585 = ln 10: a
+    # factor of 10; its step is clipped); null: no limit. Each step is then projected onto
+    # the parameters' bounds (ParamSpec lower/upper).
+    max_log_step: float | None = 2.302585
+    # Run-off detection: the fit stops as `diverged` (keeping its best point) once its loss
+    # exceeds divergence_factor × its best loss, or once a parameter has sat on one of its
+    # bounds for max_steps_at_bound steps in a row; null disables either rule.
+    divergence_factor: float | None = 1000.0
+    max_steps_at_bound: int | None = 10
 
 
 @dataclass(frozen=True)

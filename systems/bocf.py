@@ -123,14 +123,37 @@ def parameter_values(parameter_set: str) -> dict[str, float]:
     return {"D": D_TISSUE, **{name: row[column] for name, row in _TABLE.items()}}
 
 
+# Physical bounds (lower, upper), wide around all five published sets and their starts at
+# × U(0.5, 1.5), so that a fit's steps stay in the model's meaningful range (the step
+# control projects onto them; a start outside is refused). u is dimensionless (1 ≈ 86 mV,
+# the upstroke's target u_u ≈ 1.6): thresholds and levels in (0, 3]; steepnesses (1/u) in
+# [0.1, 1000]; time constants in [0.01, 10⁴] ms; gate targets (≤ 1) below 2; D in
+# [1e-4, 10] mm²/ms.
+_LEVELS = ("u_u", "theta_v", "theta_w", "theta_v_minus", "theta_o", "u_w_minus", "u_so", "u_s")
+_STEEPNESSES = ("k_w_minus", "k_so", "k_s")
+
+
+def _bounds(name: str) -> tuple[float, float]:
+    if name in _LEVELS:
+        return 0.0, 3.0
+    if name in _STEEPNESSES:
+        return 0.1, 1000.0
+    if name.startswith("tau_") and name != "tau_w_inf":
+        return 0.01, 1e4
+    return {"D": (1e-4, 10.0), "tau_w_inf": (1e-3, 10.0), "w_inf_star": (0.0, 2.0),
+            "u_o": (-1.0, 1.0)}[name]
+
+
 def _specs(parameter_set: str) -> dict[str, ParamSpec]:
     out = {}
     for name, value in parameter_values(parameter_set).items():
         unit, doc = _DOCS[name]
+        lower, upper = _bounds(name)
         if name == "u_o":
-            out[name] = ParamSpec(value, "identity", scale=0.1, unit=unit, doc=doc)
+            out[name] = ParamSpec(value, "identity", lower, upper, scale=0.1, unit=unit,
+                                  doc=doc)
         else:
-            out[name] = ParamSpec(value, "log", unit=unit, doc=doc)
+            out[name] = ParamSpec(value, "log", lower, upper, unit=unit, doc=doc)
     return out
 
 

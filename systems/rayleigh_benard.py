@@ -29,8 +29,13 @@ iterations. Because the face average of the linear base temperature is
 exact, the discrete equations conserve total heat flux level by level, and the volume-averaged
 Nusselt number 1 + ⟨wθ⟩ equals the wall one (1 − ∂z⟨θ⟩ at z = 0) in a discrete steady state.
 
-The global pressure solve needs the whole grid on one device: the system works with a mesh over
-experiments, not with a spatial decomposition.
+On a device mesh every operator works on the block it is given: the differences on a halo of
+one cell from ``grid.pad`` (rows on a wall given their own rule where the block holds it), the
+projection's transforms on pencils (:func:`pdefit.numerics.pencil.apply_diagonal`: an all-to-all
+makes the transformed axis whole; a block holding the whole layer takes one rFFT2 instead),
+maxima and means with ``grid.global_max``/``global_sum``. So the same code runs on a
+:class:`~pdefit.numerics.grid.Grid` and on a tile of a mesh split along z, x or both, and gives
+the one-device results to round-off (tests/test_rb_sharding.py).
 """
 
 from __future__ import annotations
@@ -46,6 +51,14 @@ import numpy as np
 from pdefit.model.params import ParamSpec
 from pdefit.model.system import check_option
 from pdefit.numerics.grid import NEUMANN, PERIODIC, Grid
+from pdefit.numerics.pencil import (
+    apply_diagonal,
+    dct_ii,
+    dct_iii,
+    irfft_packed,
+    packed_wavenumbers,
+    rfft_packed,
+)
 
 WALLS = ("no_slip", "free_slip")
 
@@ -62,11 +75,8 @@ RK3_IMAG_EXTENT = math.sqrt(3.0)
 
 def check_grid(grid: Any) -> None:
     """Raise a ValueError unless ``grid`` spans the layer 0 ≤ z ≤ 1 in its first axis and is
-    periodic in x, on one device."""
-    if tuple(getattr(grid, "devices", (1, 1))) != (1, 1):
-        raise ValueError("rayleigh_benard solves for the pressure on the whole grid (FFT/DCT); "
-                         "it cannot run on a spatially decomposed mesh, use experiments only")
-    nz = grid.shape[0]
+    periodic in x (a tile of a device mesh is checked by the whole grid's shape)."""
+    nz = getattr(grid, "global_shape", grid.shape)[0]
     dz = grid.spacing[0]
     if abs(nz * dz - 1.0) > 1e-9:
         raise ValueError(f"rayleigh_benard needs the z spacing (first axis) to be 1/nz = "
@@ -79,50 +89,65 @@ def check_grid(grid: Any) -> None:
         raise ValueError("rayleigh_benard needs at least 2 cells between the walls")
 
 
-# -- shifts and ghost rows (axis −1 is x, axis −2 is z) ------------------------------------------
+# -- blocks with a halo of one cell (axis −1 is x, axis −2 is z) ---------------------------------
+# ``grid.pad`` fills the halo: periodic in x, from the neighbouring tiles on a mesh, and by
+# mirroring at the walls; ``_wall_rows`` then gives the rows at a wall their own rule.
+# Slices of a padded block B: B[..., 1:-1, 1:-1] is the block, B[..., 1:-1, 2:] its east
+# neighbour, B[..., :-2, 1:-1] the row below.
 
 
-def _east(a: jnp.ndarray) -> jnp.ndarray:
-    """a[..., i + 1] (periodic)."""
-    return jnp.roll(a, -1, axis=-1)
+def _at_walls(grid: Any) -> tuple[Any, Any]:
+    """Whether this block holds the bottom and the top row of the layer (traced on a tile)."""
+    offset = grid.row_offset()
+    return offset == 0, offset + grid.shape[0] == grid.global_shape[0]
 
 
-def _west(a: jnp.ndarray) -> jnp.ndarray:
-    """a[..., i − 1] (periodic)."""
-    return jnp.roll(a, 1, axis=-1)
+def _wall_rows(grid: Any, dtype: Any, ghost: float, first: float = 1.0) -> jnp.ndarray:
+    """Row factors (rows + 2, 1) for a padded block: its ghost rows beyond a wall times
+    ``ghost`` (−1: the value vanishes on the wall; 1: zero gradient; 0: a face value that is
+    zero), and its first row, on the bottom wall, times ``first`` (0 for w: the wall face)."""
+    bottom, top = _at_walls(grid)
+    one = jnp.ones((), dtype)
+    factors = jnp.ones(grid.shape[0] + 2, dtype)
+    factors = factors.at[0].set(jnp.where(bottom, jnp.asarray(ghost, dtype), one))
+    factors = factors.at[1].set(jnp.where(bottom, jnp.asarray(first, dtype), one))
+    factors = factors.at[-1].set(jnp.where(top, jnp.asarray(ghost, dtype), one))
+    return factors[:, None]
 
 
-def _with_ghosts(a: jnp.ndarray, sign: float) -> jnp.ndarray:
-    """A cell-centred (in z) field with one ghost row at each wall: ``sign`` = −1 puts the
-    wall value at 0 (Dirichlet at the face), +1 makes the wall gradient 0."""
-    return jnp.concatenate([sign * a[..., :1, :], a, sign * a[..., -1:, :]], axis=-2)
-
-
-def _all_faces(w: jnp.ndarray) -> jnp.ndarray:
-    """w on all nz + 1 z-faces: the stored ones with the bottom forced to 0, plus the top."""
-    zero = jnp.zeros_like(w[..., :1, :])
-    return jnp.concatenate([zero, w[..., 1:, :], zero], axis=-2)
-
-
-def _second_x(a: jnp.ndarray, dx: float) -> jnp.ndarray:
-    return (_east(a) - 2.0 * a + _west(a)) / dx**2
+def _faces(w: jnp.ndarray, grid: Any) -> jnp.ndarray:
+    """w padded, on the z-faces −1 … rows: the wall faces (and beyond) zero."""
+    return grid.pad(w, 1) * _wall_rows(grid, w.dtype, 0.0, 0.0)
 
 
 # -- the pressure projection ---------------------------------------------------------------------
 
 
-def divergence_of(u: jnp.ndarray, w: jnp.ndarray, dz: float, dx: float) -> jnp.ndarray:
+def divergence_of(u: jnp.ndarray, w: jnp.ndarray, grid: Any) -> jnp.ndarray:
     """Discrete divergence at cell centres (walls carry no flux)."""
-    wf = _all_faces(w)
-    return (_east(u) - u) / dx + (wf[..., 1:, :] - wf[..., :-1, :]) / dz
+    dz, dx = grid.spacing
+    east = grid.pad(u, 1)[..., 1:-1, 2:]
+    wf = _faces(w, grid)
+    return (east - u) / dx + (wf[..., 2:, 1:-1] - wf[..., 1:-1, 1:-1]) / dz
 
 
 def _inverse_eigenvalues(nz: int, nx: int, dz: float, dx: float, dtype: Any) -> np.ndarray:
-    """1/λ of the Neumann(z)–periodic(x) five-point Laplacian on the z-mirrored grid (2nz
-    rows) in the rFFT basis, λ = −(2 − 2 cos(π m/nz))/dz² − (2 − 2 cos(2π k/nx))/dx², with the
+    """1/λ of the Neumann(z)–periodic(x) five-point Laplacian in the DCT-II (z) and packed
+    real FFT (x) basis, λ = −(2 − 2 cos(π m/nz))/dz² − (2 − 2 cos(2π k/nx))/dx², with the
     constant mode (λ = 0, the pressure's free constant) mapped to 0."""
-    lam_z = -(2.0 - 2.0 * np.cos(np.pi * np.arange(2 * nz) / nz)) / dz**2
-    lam_x = -(2.0 - 2.0 * np.cos(2.0 * np.pi * np.arange(nx // 2 + 1) / nx)) / dx**2
+    return _inverse(np.arange(nz), nz, packed_wavenumbers(nx), nx, dz, dx, dtype)
+
+
+def _inverse_eigenvalues_mirrored(nz: int, nx: int, dz: float, dx: float, dtype: Any,
+                                  ) -> np.ndarray:
+    """The same on the z-mirrored grid (2nz rows) in the rFFT2 basis."""
+    return _inverse(np.arange(2 * nz), nz, np.arange(nx // 2 + 1), nx, dz, dx, dtype)
+
+
+def _inverse(modes_z: np.ndarray, nz: int, modes_x: np.ndarray, nx: int, dz: float, dx: float,
+             dtype: Any) -> np.ndarray:
+    lam_z = -(2.0 - 2.0 * np.cos(np.pi * modes_z / nz)) / dz**2
+    lam_x = -(2.0 - 2.0 * np.cos(2.0 * np.pi * modes_x / nx)) / dx**2
     lam = lam_z[:, None] + lam_x[None, :]
     lam[0, 0] = 1.0
     inv = 1.0 / lam
@@ -130,28 +155,40 @@ def _inverse_eigenvalues(nz: int, nx: int, dz: float, dx: float, dtype: Any) -> 
     return inv.astype(dtype)
 
 
-def solve_poisson(rhs: jnp.ndarray, dz: float, dx: float) -> jnp.ndarray:
+def _whole_layer(shape: tuple[int, ...], dz: float, dx: float) -> Grid:
+    return Grid(tuple(shape[-2:]), (dz, dx), (NEUMANN, PERIODIC))
+
+
+def solve_poisson(rhs: jnp.ndarray, dz: float, dx: float, grid: Any = None) -> jnp.ndarray:
     """φ with L φ = rhs for the discrete Laplacian L (zero flux through the walls, periodic in
-    x); the mean of ``rhs`` (the null space) is dropped and φ has zero mean.
+    x); the mean of ``rhs`` (the null space) is dropped and φ has zero mean. ``grid`` is the
+    block's grid (a tile of a device mesh, or by default the whole layer of ``rhs``).
 
-    The DCT-II in z is taken as the FFT of the even (half-sample) mirror image about the
-    walls: mirroring is exactly the zero-flux ghost rule, so the mirrored field obeys the
-    periodic Laplacian on 2nz rows and one rFFT2 diagonalises it, with the DCT-II eigenvalues
-    (the same numbers as ``jax.scipy.fft.dct``, at a fifth of its compile time)."""
-    nz, nx = rhs.shape[-2:]
+    A DCT-II in z (the FFT of the even mirror image about the walls: mirroring is exactly the
+    zero-flux ghost rule) and a real FFT in x diagonalise L, with the DCT-II eigenvalues. On a
+    mesh each transform runs on a pencil whole along its axis (:mod:`pdefit.numerics.pencil`)."""
+    grid = _whole_layer(rhs.shape, dz, dx) if grid is None else grid
+    nz, nx = grid.global_shape
+    if tuple(grid.shape) == (nz, nx):
+        # The whole layer here: one rFFT2 of the mirrored field does both transforms at once
+        # (about a fifth faster on one device than the two real transforms below).
+        inv = _inverse_eigenvalues_mirrored(nz, nx, dz, dx, np.dtype(rhs.dtype))
+        mirrored = jnp.concatenate([rhs, rhs[..., ::-1, :]], axis=-2)
+        return jnp.fft.irfft2(jnp.fft.rfft2(mirrored) * inv, s=(2 * nz, nx))[..., :nz, :]
     inv = _inverse_eigenvalues(nz, nx, dz, dx, np.dtype(rhs.dtype))
-    mirrored = jnp.concatenate([rhs, rhs[..., ::-1, :]], axis=-2)
-    phi = jnp.fft.irfft2(jnp.fft.rfft2(mirrored) * inv, s=(2 * nz, nx))
-    return phi[..., :nz, :]
+    transforms = {-2: (dct_ii, dct_iii), -1: (rfft_packed, irfft_packed)}
+    return apply_diagonal(rhs, grid, transforms, inv)
 
 
-def project(u: jnp.ndarray, w: jnp.ndarray, dz: float, dx: float,
+def project(u: jnp.ndarray, w: jnp.ndarray, dz: float, dx: float, grid: Any = None,
             ) -> tuple[jnp.ndarray, jnp.ndarray]:
     """The discretely divergence-free part of (u, w): subtract ∇φ with ∇²φ = ∇·u."""
-    phi = solve_poisson(divergence_of(u, w, dz, dx), dz, dx)
-    u = u - (phi - _west(phi)) / dx
-    w_interior = w[..., 1:, :] - (phi[..., 1:, :] - phi[..., :-1, :]) / dz
-    return u, jnp.concatenate([jnp.zeros_like(w[..., :1, :]), w_interior], axis=-2)
+    grid = _whole_layer(u.shape, dz, dx) if grid is None else grid
+    phi = solve_poisson(divergence_of(u, w, grid), dz, dx, grid)
+    padded = grid.pad(phi, 1)
+    u = u - (phi - padded[..., 1:-1, :-2]) / dx
+    w = w - (phi - padded[..., :-2, 1:-1]) / dz
+    return u, w * _wall_rows(grid, w.dtype, 0.0, 0.0)[1:-1]
 
 
 # -- the system ----------------------------------------------------------------------------------
@@ -177,7 +214,7 @@ class RayleighBenard:
     name: ClassVar[str] = "rayleigh_benard"
     fields: ClassVar[tuple[str, ...]] = ("u", "w", "theta")
     stencil_radius: ClassVar[int] = 1
-    spatial_mesh: ClassVar[bool] = False  # the pressure solve needs the whole grid
+    spatial_mesh: ClassVar[bool] = True  # the pressure solve runs by pencils on a mesh
     params: ClassVar[dict[str, ParamSpec]] = {
         "Ra": ParamSpec(1.0e4, "log", unit="1", doc="Rayleigh number gαΔT d³/(νκ)"),
         "Pr": ParamSpec(0.71, "log", unit="1", doc="Prandtl number ν/κ"),
@@ -200,42 +237,50 @@ class RayleighBenard:
     # -- the model ------------------------------------------------------------------------------
 
     def tendencies(self, state, params, grid: Grid) -> dict[str, jnp.ndarray]:
-        """d/dt of (u, w, θ) without the pressure gradient (the projection adds it)."""
+        """d/dt of (u, w, θ) without the pressure gradient (the projection adds it), from
+        blocks with a halo of one cell (see the slices above ``_at_walls``)."""
         dz, dx = grid.spacing
-        u, w, th = state["u"], state["w"], state["theta"]
+        u, th = state["u"], state["theta"]
         ra, pr = params["Ra"], params["Pr"]
-        wf = _all_faces(w)
         # Ghost rows of u mirror (free-slip) or negate (no-slip) the first row off each wall.
-        ug = _with_ghosts(u, -1.0 if self.walls == "no_slip" else 1.0)
-        thg = _with_ghosts(th, -1.0)
+        ub = grid.pad(u, 1) * _wall_rows(grid, u.dtype, -1.0 if self.walls == "no_slip" else 1.0)
+        wb = _faces(state["w"], grid)
+        tb = grid.pad(th, 1) * _wall_rows(grid, th.dtype, -1.0)
+        w = wb[..., 1:-1, 1:-1]  # the stored faces, the bottom wall's forced to 0
+        u_rows, w_rows, t_rows = ub[..., 1:-1, :], wb[..., 1:-1, :], tb[..., 1:-1, :]
+        w_cols = wb[..., :, 1:-1]
 
-        # The u·w flux lives on cell corners (z = j dz, x = i dx), levels j = 0 … nz; it is
-        # zero on the walls (w = 0 there) whatever the ghost u is.
-        corner = 0.5 * (ug[..., :-1, :] + ug[..., 1:, :]) * 0.5 * (wf + _west(wf))
+        # The u·w flux lives on cell corners (z = j dz, x = i dx), z-faces 0 … rows, x-faces
+        # 0 … columns; it is zero on the walls (w = 0 there) whatever the ghost u is.
+        corner = 0.5 * (ub[..., :-1, 1:] + ub[..., 1:, 1:]) * 0.5 * (wb[..., 1:, 1:]
+                                                                     + wb[..., 1:, :-1])
+        here, east = corner[..., :-1], corner[..., 1:]
 
-        u_centre = 0.5 * (u + _east(u))
-        du = (-(u_centre**2 - _west(u_centre) ** 2) / dx
-              - (corner[..., 1:, :] - corner[..., :-1, :]) / dz
-              + pr * (_second_x(u, dx)
-                      + (ug[..., 2:, :] - 2.0 * u + ug[..., :-2, :]) / dz**2))
+        u_centre = 0.5 * (u + u_rows[..., 2:])
+        u_centre_west = 0.5 * (u_rows[..., :-2] + u)
+        du = (-(u_centre**2 - u_centre_west**2) / dx
+              - (here[..., 1:, :] - here[..., :-1, :]) / dz
+              + pr * ((u_rows[..., 2:] - 2.0 * u + u_rows[..., :-2]) / dx**2
+                      + (ub[..., 2:, 1:-1] - 2.0 * u + ub[..., :-2, 1:-1]) / dz**2))
 
-        # w on the interior faces j = 1 … nz − 1; the wall faces keep w = 0.
-        w_centre = 0.5 * (wf[..., :-1, :] + wf[..., 1:, :])
-        w_in = w[..., 1:, :]
-        dw_in = (-(_east(corner) - corner)[..., 1:-1, :] / dx
-                 - (w_centre[..., 1:, :] ** 2 - w_centre[..., :-1, :] ** 2) / dz
-                 + pr * (_second_x(w_in, dx)
-                         + (wf[..., 2:, :] - 2.0 * w_in + wf[..., :-2, :]) / dz**2)
-                 + pr * ra * 0.5 * (th[..., :-1, :] + th[..., 1:, :]))
-        dw = jnp.concatenate([jnp.zeros_like(w[..., :1, :]), dw_in], axis=-2)
+        # w on the block's faces; the bottom wall's face keeps w = 0. Cell centres −1 … rows.
+        w_centre = 0.5 * (w_cols[..., :-1, :] + w_cols[..., 1:, :])
+        dw = (-(east - here)[..., :-1, :] / dx
+              - (w_centre[..., 1:, :] ** 2 - w_centre[..., :-1, :] ** 2) / dz
+              + pr * ((w_rows[..., 2:] - 2.0 * w + w_rows[..., :-2]) / dx**2
+                      + (w_cols[..., 2:, :] - 2.0 * w + w_cols[..., :-2, :]) / dz**2)
+              + pr * ra * 0.5 * (tb[..., :-2, 1:-1] + tb[..., 1:-1, 1:-1]))
+        dw = dw * _wall_rows(grid, dw.dtype, 0.0, 0.0)[1:-1]
 
-        flux_x = u * 0.5 * (th + _west(th))
-        flux_z = wf * 0.5 * (thg[..., :-1, :] + thg[..., 1:, :])
+        flux_x = u * 0.5 * (th + t_rows[..., :-2])
+        flux_x_east = u_rows[..., 2:] * 0.5 * (t_rows[..., 2:] + th)
+        flux_z = wb[..., 1:, 1:-1] * 0.5 * (tb[..., :-1, 1:-1] + tb[..., 1:, 1:-1])
         # + w: advection of the base profile 1 − z (exact: its face average is exact).
-        dth = (-(_east(flux_x) - flux_x) / dx
+        dth = (-(flux_x_east - flux_x) / dx
                - (flux_z[..., 1:, :] - flux_z[..., :-1, :]) / dz
-               + _second_x(th, dx) + (thg[..., 2:, :] - 2.0 * th + thg[..., :-2, :]) / dz**2
-               + w_centre)
+               + (t_rows[..., 2:] - 2.0 * th + t_rows[..., :-2]) / dx**2
+               + (tb[..., 2:, 1:-1] - 2.0 * th + tb[..., :-2, 1:-1]) / dz**2
+               + w_centre[..., 1:, :])
         return {"u": du, "w": dw, "theta": dth}
 
     def step(self, state, params, t, dt, grid: Grid) -> dict[str, jnp.ndarray]:
@@ -250,7 +295,7 @@ class RayleighBenard:
         def stage(s, a):
             ds = self.tendencies(s, params, grid)
             new = {k: a * state[k] + (1.0 - a) * (s[k] + dt * ds[k]) for k in self.fields}
-            new["u"], new["w"] = project(new["u"], new["w"], dz, dx)
+            new["u"], new["w"] = project(new["u"], new["w"], dz, dx, grid)
             return new, None
 
         dtype = jnp.result_type(*jax.tree.leaves(state))
@@ -271,7 +316,7 @@ class RayleighBenard:
         Infinite for a fluid at rest. Jittable (``float()`` it outside jit). ``params`` is
         unused; it keeps the signature of the other systems' ``cfl_dt``."""
         dz, dx = grid.spacing
-        rate = jnp.max(jnp.abs(state["u"]) / dx + jnp.abs(state["w"]) / dz)
+        rate = grid.global_max(jnp.max(jnp.abs(state["u"]) / dx + jnp.abs(state["w"]) / dz))
         return jnp.where(rate > 0, courant / jnp.where(rate > 0, rate, 1.0), jnp.inf)
 
     def stable_dt(self, state, params, grid: Grid, courant: float = 1.0) -> jnp.ndarray:
@@ -283,28 +328,32 @@ class RayleighBenard:
 
     def divergence(self, state, grid: Grid) -> jnp.ndarray:
         """∇·u at cell centres (zero to round-off after every step)."""
-        dz, dx = grid.spacing
-        return divergence_of(state["u"], state["w"], dz, dx)
+        return divergence_of(state["u"], state["w"], grid)
 
     def nusselt(self, state, grid: Grid) -> jnp.ndarray:
         """Nu = 1 + ⟨wθ⟩ over the layer (trapezoid over the z-faces, θ averaged to them)."""
         dz = grid.spacing[0]
-        th = state["theta"]
-        flux = state["w"][..., 1:, :] * 0.5 * (th[..., :-1, :] + th[..., 1:, :])
-        return 1.0 + dz * jnp.sum(jnp.mean(flux, axis=-1), axis=-1)
+        tb = grid.pad(state["theta"], 1)
+        flux = _faces(state["w"], grid)[..., 1:-1, 1:-1] * 0.5 * (tb[..., :-2, 1:-1]
+                                                                  + tb[..., 1:-1, 1:-1])
+        total = grid.global_sum(jnp.sum(flux, axis=(-2, -1)))
+        return 1.0 + dz * total / grid.global_shape[1]
 
     def wall_nusselt(self, state, grid: Grid) -> tuple[jnp.ndarray, jnp.ndarray]:
         """Nu = 1 − ∂z⟨θ⟩ at the bottom and the top wall, from the first cell off each wall
         (θ = 0 on the wall half a cell away). Equal to :meth:`nusselt` in a steady state."""
         dz = grid.spacing[0]
         th = state["theta"]
-        bottom = 1.0 - 2.0 * jnp.mean(th[..., 0, :], axis=-1) / dz
-        top = 1.0 + 2.0 * jnp.mean(th[..., -1, :], axis=-1) / dz
-        return bottom, top
+        bottom, top = _at_walls(grid)
+        nx = grid.global_shape[1]
+        low = grid.global_sum(jnp.where(bottom, jnp.sum(th[..., 0, :], axis=-1), 0.0)) / nx
+        high = grid.global_sum(jnp.where(top, jnp.sum(th[..., -1, :], axis=-1), 0.0)) / nx
+        return 1.0 - 2.0 * low / dz, 1.0 + 2.0 * high / dz
 
     def kinetic_energy(self, state, grid: Grid) -> jnp.ndarray:
         """½⟨u² + w²⟩ over the layer (every stored face stands for one cell's area)."""
-        return 0.5 * jnp.mean(state["u"] ** 2 + state["w"] ** 2, axis=(-2, -1))
+        total = grid.global_sum(jnp.sum(state["u"] ** 2 + state["w"] ** 2, axis=(-2, -1)))
+        return 0.5 * total / math.prod(grid.global_shape)
 
     # -- initial states ---------------------------------------------------------------------------
 

@@ -18,7 +18,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from pdefit.numerics.grid import Grid
-from pdefit.numerics.spherical import SphericalTransform, gaussian_grid, legendre_tables
+from pdefit.numerics.spherical import (
+    SphericalTransform,
+    gaussian_grid,
+    held_rows,
+    legendre_tables,
+)
 
 FORCE_COMPONENTS = 2  # (F_θ, F_φ)
 
@@ -93,7 +98,8 @@ def interpolate_in_time(nodes: Any, t: Any, t_nodes: Any) -> jnp.ndarray:
 
 def force_on_grid(nodes: Any, t: Any, t_nodes: Any, grid: Grid, azimuth: Any = 0.0,
                   ) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """(F_θ, F_φ) on the Gaussian grid of ``grid.shape`` = (nlat, nlon) at time ``t``.
+    """(F_θ, F_φ) on the Gaussian grid of ``grid.shape`` = (nlat, nlon) at time ``t`` (on a
+    tile of a mesh split along latitude: on the tile's rows of the whole grid).
 
     ``nodes`` has shape (n_times, 2, n_theta, n_phi): the components (F_θ, F_φ) at times
     ``t_nodes`` (n_times, increasing) and at the node positions of
@@ -110,7 +116,7 @@ def force_on_grid(nodes: Any, t: Any, t_nodes: Any, grid: Grid, azimuth: Any = 0
     _, _, n_theta, n_phi = nodes.shape
     if n_theta < 2:
         raise ValueError("the force needs at least 2 nodes in θ (the two poles)")
-    theta, phi = gaussian_grid(*grid.shape)
+    theta, phi = gaussian_grid(*getattr(grid, "global_shape", grid.shape))
     w_theta = cubic_interpolation_matrix(theta * ((n_theta - 1) / np.pi), n_theta,
                                          periodic=False)
     # A concrete zero azimuth keeps the φ weights a numpy constant too.
@@ -119,7 +125,7 @@ def force_on_grid(nodes: Any, t: Any, t_nodes: Any, grid: Grid, azimuth: Any = 0
     w_phi = cubic_interpolation_matrix(shifted * (n_phi / (2 * np.pi)), n_phi, periodic=True)
     now = interpolate_in_time(nodes, t, t_nodes)
     real = jnp.finfo(nodes.dtype).dtype
-    out = jnp.einsum("ia,cab,jb->cij", jnp.asarray(w_theta, real), now,
+    out = jnp.einsum("ia,cab,jb->cij", held_rows(w_theta, grid, real, axis=0), now,
                      jnp.asarray(w_phi, real))
     return out[0], out[1]
 

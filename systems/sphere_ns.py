@@ -31,6 +31,12 @@ Conventions:
   random divergence-free force for synthetic truths.
 - Only the rotational part of a force acts on an incompressible flow (the gradient part is
   balanced by pressure), so only that part can be recovered from the flow.
+- Device meshes: the grid may be split along latitude (``mesh.shape=[k, 1]``, ``spatial_mesh
+  = ("y",)``). Each tile holds a band of rows: the grid → spectral Legendre sums are the band's
+  partial sums completed by ``grid.sum_over_rows`` (a collective sum), the spectral → grid
+  syntheses evaluate the band's rows only, and the FFT along longitude stays on the tile (so
+  longitude is never split). The state of every tile is its band of ζ; spectral coefficients
+  are the same on every tile of a column.
 
 The force itself (its nodes, interpolation, synthetic truth and Helmholtz–Hodge parts) is
 :mod:`pdefit.systems.sphere_force`; the evaluation of a force fit, which the system offers as
@@ -97,8 +103,10 @@ class SphereNS:
     name: ClassVar[str] = "sphere_ns"
     fields: ClassVar[tuple[str, ...]] = ("zeta",)
     observable_names: ClassVar[tuple[str, ...]] = OBSERVABLES
-    stencil_radius: ClassVar[int] = 0  # spectral: no halos (runs on one device)
-    spatial_mesh: ClassVar[bool] = False  # the transforms need the whole grid
+    stencil_radius: ClassVar[int] = 0  # spectral: no halos
+    # Latitude bands only: the Legendre sums are completed across tiles, the longitude FFT
+    # needs whole rows.
+    spatial_mesh: ClassVar[tuple[str, ...]] = ("y",)
     # Dimensionless: lengths in R, times in the unit of ν's and Ω's values.
     time_unit: ClassVar[str] = "1"
     field_info: ClassVar[dict[str, tuple[str, str]]] = {
@@ -144,17 +152,22 @@ class SphereNS:
     # -- geometry --------------------------------------------------------------------------------
 
     def transform(self, grid: Any) -> SphericalTransform:
-        """The spectral transform of this grid (a Grid, or a field's (nlat, nlon) shape); a
-        clear ValueError if the grid does not suit the truncation."""
+        """The spectral transform of this grid (a Grid, a tile of a mesh split along
+        latitude, or a field's (nlat, nlon) shape); a clear ValueError if the grid does not
+        suit the truncation."""
+        block = None
         if hasattr(grid, "boundaries"):
-            if tuple(getattr(grid, "devices", (1, 1))) != (1, 1):
-                raise ValueError(f"{self.name} transforms whole fields (spherical harmonics); it "
-                                 "cannot run on a spatially decomposed mesh, use experiments "
-                                 "only")
             if grid.boundaries[1] != PERIODIC:
                 raise ValueError(f"{self.name} needs a periodic longitude axis: grid boundaries "
                                  f"[neumann, periodic], got {list(grid.boundaries)}")
-            shape = grid.shape
+            shape = tuple(getattr(grid, "global_shape", grid.shape))
+            if tuple(grid.shape) != shape:
+                block = grid  # a tile: a band of rows
+            if grid.shape[1] != shape[1]:
+                raise ValueError(
+                    f"{self.name} can split only latitude (mesh.shape=[k, 1]): its longitude "
+                    f"FFT needs whole rows, and a tile holds {grid.shape[1]} of {shape[1]} "
+                    "longitudes")
         else:
             shape = tuple(grid)
         nlat, nlon = shape
@@ -173,11 +186,11 @@ class SphereNS:
                 f"{math.ceil((3 * lmax + 1) / 2)} and nlon ≥ {3 * lmax + 1}; the grid is "
                 f"{nlat}×{nlon} (use truncation ≤ {quadratic_truncation(nlat, nlon)} or "
                 "dealias: false)")
-        return SphericalTransform(nlat, nlon, lmax)
+        return SphericalTransform(nlat, nlon, lmax, block)
 
     def coordinates(self, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
-        """Colatitudes θ (Gauss nodes, north to south) and longitudes φ of the grid."""
-        return gaussian_grid(*grid.shape)
+        """Colatitudes θ (Gauss nodes, north to south) and longitudes φ of the (whole) grid."""
+        return gaussian_grid(*getattr(grid, "global_shape", grid.shape))
 
     def axes(self, grid: Grid) -> tuple[tuple[str, np.ndarray, str, str], ...]:
         """Latitude (Gauss nodes, north to south) and longitude of the grid, in degrees."""
@@ -194,15 +207,17 @@ class SphereNS:
     def stream_function(self, zeta_lm: Any, transform: SphericalTransform) -> jnp.ndarray:
         return transform.inverse_laplacian(zeta_lm, self.radius)
 
-    def velocity(self, zeta: Any) -> tuple[jnp.ndarray, jnp.ndarray]:
-        """(u_θ, u_φ) of a vorticity field (..., nlat, nlon): the observable of the flow."""
-        transform = self.transform(zeta.shape[-2:])
+    def velocity(self, zeta: Any, grid: Any = None) -> tuple[jnp.ndarray, jnp.ndarray]:
+        """(u_θ, u_φ) of a vorticity field (..., nlat, nlon) on ``grid`` (default: the whole
+        grid of the field's shape; a tile holds a band of rows): the observable of the flow."""
+        transform = self.transform(zeta.shape[-2:] if grid is None else grid)
         psi = self.stream_function(transform.analysis(zeta), transform)
         return transform.rotated_gradient(psi, self.radius)
 
-    def observables(self, state: dict[str, Any]) -> dict[str, jnp.ndarray]:
-        """Derived observed quantities: the velocity components."""
-        u_theta, u_phi = self.velocity(state["zeta"])
+    def observables(self, state: dict[str, Any], grid: Any = None) -> dict[str, jnp.ndarray]:
+        """Derived observed quantities: the velocity components (on ``grid``, a tile of a
+        mesh or the whole grid; default: the whole grid of the state's shape)."""
+        u_theta, u_phi = self.velocity(state["zeta"], grid)
         return {"u_theta": u_theta, "u_phi": u_phi}
 
     def state_from_observables(self, observed: dict[str, Any]) -> dict[str, jnp.ndarray]:
@@ -284,7 +299,8 @@ class SphereNS:
         both = jnp.stack([psi, zeta_lm])
         dphi = transform.synthesis(transform.dphi(both))
         dmu = transform.synthesis_dmu(both)
-        one_minus_mu2 = jnp.asarray(np.sin(transform.tables.theta)[:, None] ** 2, dphi.dtype)
+        one_minus_mu2 = transform.held_rows(np.sin(transform.tables.theta)[:, None] ** 2, dphi,
+                                            axis=0)
         jacobian = (dphi[0] * dmu[1] - dmu[0] * dphi[1]) / (r**2 * one_minus_mu2)
         advection = transform.analysis(jacobian)
         # J(ψ, 2Ω cos θ) = 2Ω ∂φψ/R², exact in spectral space.

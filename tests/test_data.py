@@ -327,7 +327,9 @@ def test_invalid_meta_rejected() -> None:
     with pytest.raises(DatasetError, match="reserved"):
         make_meta(fields=("u", "mask_u"))
     with pytest.raises(DatasetError, match="noise"):
-        make_meta(noise={"kind": "additive", "sigma": 0.1})  # no seed
+        make_meta(noise={"kind": "additive", "sigma": 0.1, "seed": -1})
+    # Without a seed: a measured level (a recording's), recorded but never drawn again.
+    assert make_meta(noise={"kind": "additive", "sigma": 0.1}).noise["sigma"] == 0.1
     z_axis = ("z", tuple(np.arange(NY) + 0.5), "m", "height")
     with pytest.raises(DatasetError, match="axis 'x' has 3 coordinates"):
         make_meta(axes=(z_axis, ("x", (0.0, 1.0, 2.0))))

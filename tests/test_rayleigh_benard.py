@@ -292,7 +292,7 @@ def test_recovers_initial_temperature_from_velocity_only():
 
 
 # ---------------------------------------------------------------------------------------------
-# Batch parallelism: experiments spread over devices (the pressure solve needs whole grids).
+# Batch parallelism: experiments spread over devices (and tiles: tests/test_rb_sharding.py).
 
 MESH_EXPERIMENTS = 2
 MESH_STEPS = 10
@@ -337,10 +337,12 @@ def test_experiments_mesh_loss_and_gradient_equal_single_device():
     assert np.abs(np.asarray(field) - reference).max() <= 1e-12 * np.abs(reference).max()
     # The field gradient stays split over the experiments, like the field.
     assert not field.sharding.is_fully_replicated
-    # A spatially decomposed mesh is refused: the FFT/DCT pressure solve needs whole grids.
-    spatial = dataclasses.replace(problem, domain=Domain.build((1, 2, 1)))
-    with pytest.raises(ValueError, match="whole grid"):
-        jax.jit(spatial.value_and_grad)(theta, batch)
+    # Experiments and z split together (tests/test_rb_sharding.py: every spatial mesh).
+    both = dataclasses.replace(problem, domain=Domain.build((MESH_EXPERIMENTS, 2, 1)))
+    v, g = jax.jit(both.value_and_grad)(theta, batch)
+    assert abs(float(v) - float(value)) <= 1e-12 * abs(float(value))
+    field = np.asarray(g["fields"]["theta"])
+    assert np.abs(field - reference).max() <= 1e-12 * np.abs(reference).max()
 
 
 # ---------------------------------------------------------------------------------------------

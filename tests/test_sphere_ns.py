@@ -325,8 +325,10 @@ def test_grid_validation():
     assert SphereNS(truncation=12, dealias=False).transform(sphere_grid(16, 64)).lmax == 12
     with pytest.raises(ValueError, match="radius"):
         SphereNS(radius=0.0)
-    with pytest.raises(ValueError, match="spatially decomposed"):
-        system.transform(TileGrid(sphere_grid(16, 32), (2, 1)))
+    # A mesh may split latitude (each tile a band of rows), never longitude.
+    with pytest.raises(ValueError, match=r"can split only latitude \(mesh.shape=\[k, 1\]\)"):
+        system.transform(TileGrid(sphere_grid(16, 32), (1, 2)))
+    assert system.transform(TileGrid(sphere_grid(16, 32), (2, 1))).rows == 8
 
 
 def test_config_builds():

@@ -47,7 +47,7 @@ from pdefit.app.validate import (
     validate_fit,
     validate_simulate,
 )
-from pdefit.fitting import assemble
+from pdefit.fitting import assemble, multistart
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.ranking import format_ranking, rank_parameters, write_ranking
@@ -204,6 +204,7 @@ def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -
         staged = _run_stages(cfg, run, preemption)
         _save_fitted(run.out, staged)
         summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead)
+        summary = multistart.add_to_summary(summary, run.out, run.lead)
         fit_report.print_report(summary, staged)
         if cfg.run.plots and run.lead:
             fit_report.plot(staged, run.out)
@@ -270,6 +271,8 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
         setup = assemble.build_fit(stage_cfg, run.dataset, run.dtype)
         if first is None:  # before anything is compiled
             validate_discretization_check(cfg.fit.discretization_check, problem=setup.problem)
+            setup = multistart.choose_start(stage_cfg, setup, run.dataset, run.dtype,
+                                            run.holds[0], run.out, run.lead, log.info)
             first = setup
         _stop_if_signalled(preemption,
                            "before training" if index == 0 else f"before stage {index + 1}")
@@ -343,7 +346,8 @@ def _fit_stage(cfg: FitConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
                    progress=_stage_progress(cfg, problem.n_steps, stages or [None], index),
                    log=log.info, checkpoint=checkpoint, resume=cfg.run.resume,
                    config=plain_config(cfg), status_path=out / "status.json",
-                   curvature=curvature, preemption=preemption, hold=hold)
+                   curvature=curvature, preemption=preemption, hold=hold,
+                   layout=problem.layout)
 
 
 def _save_fitted(out: Path, staged: StagedFit) -> None:

@@ -87,6 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mask-nan", action="store_true",
                    help="NaN values are unobserved points (masked); without it NaN is refused")
     p.add_argument("--system", default="", help="the system that made the data (default: none)")
+    p.add_argument("--noise-sigma", action="append", default=[], metavar="SIGMA|FIELD=SIGMA",
+                   help="the recording's additive noise level, recorded in the dataset: one "
+                        "number for every field, or FIELD=SIGMA per field (repeatable)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace OUTPUT if it is a pdefit dataset (never anything else)")
     return p
@@ -279,7 +282,27 @@ def import_recording(args: argparse.Namespace) -> Path:
         args.output, fields, times, spacing=spacing, boundaries=tuple(args.boundaries),
         masks=rec.masks or None, units=units, time_unit=args.time_unit or rec.time_unit,
         system=args.system, overwrite=args.overwrite, axis_names=rec.axis_names,
-        coordinates=coordinates, source=str(source.resolve()))
+        coordinates=coordinates, source=str(source.resolve()),
+        noise_sigma=_noise_sigma(args.noise_sigma))
+
+
+def _noise_sigma(items: Sequence[str]) -> float | dict[str, float] | None:
+    """``--noise-sigma``: None, one level, or field → level."""
+    if not items:
+        return None
+    per_field = [i for i in items if "=" in i]
+    if per_field and len(per_field) != len(items):
+        raise InputError(f"--noise-sigma: give one number or FIELD=SIGMA per field, not both "
+                         f"(got {list(items)})")
+    if not per_field and len(items) > 1:
+        raise InputError(f"--noise-sigma: one number for every field, got {list(items)}")
+    pairs = _pairs(items, "--noise-sigma") if per_field else {}
+    try:
+        if not per_field:
+            return float(items[0])
+        return {name: float(value) for name, value in pairs.items()}
+    except ValueError:
+        raise InputError(f"--noise-sigma: not a number in {list(items)}") from None
 
 
 def _frame_count(fields: Mapping[str, np.ndarray]) -> int:

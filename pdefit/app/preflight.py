@@ -1,12 +1,14 @@
 """The checks of a run that need the chosen system or the host, made before anything is
 simulated, written or compiled (called by :mod:`pdefit.app.validate`), each error naming its
 key: names of parameters and fields against the system (with the closest valid name), an
-observation stride that leaves too few observed points, the adjoint's memory budget against
+observation stride that leaves too few observed points, an unobserved field whose initial
+state would be the dataset's hidden truth, the adjoint's memory budget against
 the state it must hold, the grid's memory against the host's, and a spatial device mesh for a
 system that needs the whole grid on one device.
 
 A system says it cannot be split over a spatial mesh with ``spatial_mesh = False`` (spectral
-systems: their transforms need the whole grid); the engine never names a system.
+systems: their transforms need the whole grid), or names the grid axes it can split with a
+tuple (``spatial_mesh = ("y",)``: rows only); the engine never names a system.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 from pdefit.adjoint import snapshots_for_budget
 from pdefit.fitting import assemble
-from pdefit.fitting.observe import observable_names
+from pdefit.fitting.initial_fields import SOURCES, hidden_initial_fields, hidden_state_message
+from pdefit.fitting.observe import check_noise_sigma, observable_names
 from pdefit.model.system import System
 from pdefit.options import ConfigError, FitConfig, SimulateMainConfig, SystemConfig
 
@@ -63,6 +66,11 @@ def check_fit_against_system(cfg: FitConfig) -> System:
     derived = observable_names(system, grid)
     unknown_names("observe.fields", cfg.observe.fields, [*system.fields, *derived], "field",
                   system.name, f"fields {list(system.fields)} and observables {list(derived)}")
+    _initial_state(cfg, system, grid)
+    try:
+        check_noise_sigma(cfg.observe.noise_sigma, [str(f) for f in cfg.observe.fields])
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     if cfg.simulate.system is not None and not cfg.data.path:
         _system_params(cfg.simulate.system, assemble.make_system(cfg.simulate.system),
                        "simulate.system.params")
@@ -87,6 +95,22 @@ def check_simulation_against_system(cfg: SimulateMainConfig) -> None:
         unknown_names("simulate.fields", cfg.simulate.fields,
                       [*system.fields, *(declared or ())], "field", system.name)
     check_host_memory(cfg.system, system, cfg.precision, 2, 1)
+
+
+def _initial_state(cfg: FitConfig, system: System, grid: Any) -> None:
+    """``fit.initial_fields``: known sources, and no unobserved field left to start from the
+    dataset's hidden truth (:func:`pdefit.fitting.initial_fields.hidden_initial_fields`)."""
+    sources = dict(cfg.fit.initial_fields)
+    bad = {f: s for f, s in sources.items() if s not in SOURCES}
+    if bad:
+        f, s = next(iter(bad.items()))
+        raise ConfigError(f"fit.initial_fields.{f}={s}: the source is {' or '.join(SOURCES)} "
+                          "(data: a known initial state, the dataset's first frame; fit: "
+                          "fitted with the parameters)")
+    observed = [str(f) for f in cfg.observe.fields]
+    hidden = hidden_initial_fields(system, grid, observed, sources)
+    if hidden:
+        raise ConfigError(hidden_state_message(hidden, observed))
 
 
 def _system_params(cfg: SystemConfig, system: System, key: str = "system.params") -> None:
@@ -147,25 +171,52 @@ def _adjoint_budget(cfg: FitConfig, system: System) -> None:
 
 
 def _mesh(cfg: FitConfig, system: System) -> None:
-    """``mesh.shape``: enough devices, and no spatial split for a system that needs the
-    whole grid on one device (``spatial_mesh = False``)."""
+    """``mesh.shape``: enough devices, and a spatial split only along the grid axes the
+    system can split (``spatial_mesh``: False none, a tuple of axes those)."""
     import jax
 
     mesh = cfg.mesh
     shape = [int(n) for n in mesh.shape]
     if len(shape) != 2 or min(shape) < 1:
         raise ConfigError(f"mesh.shape must be [py, px] of positive sizes, got {shape}")
-    tiles = jax.device_count() if mesh.all_devices else math.prod(shape)
-    if tiles > 1 and not getattr(system, "spatial_mesh", True):
-        what = "mesh.all_devices=true" if mesh.all_devices else f"mesh.shape={shape}"
-        raise ConfigError(
-            f"{what}: {system.name} needs the whole grid on one device (its operators are "
-            "global transforms) and cannot run on a spatially decomposed mesh; use "
-            "mesh.shape=[1,1] and spread the experiments instead (mesh.experiments=<devices>)")
+    what = "mesh.all_devices=true" if mesh.all_devices else f"mesh.shape={shape}"
+    tiles = [1, jax.device_count()] if mesh.all_devices else shape
+    _spatial_split(system, tiles, what)
+    grid = [int(n) for n in cfg.system.grid.shape]
+    for axis, n, p in zip(("y", "x"), grid, tiles, strict=True):
+        if n % p:
+            raise ConfigError(f"{what}: grid axis {axis} of {n} cells (system.grid.shape={grid})"
+                              f" does not split over {p} devices; use a mesh whose sizes divide "
+                              "the grid")
     need = (1 if mesh.all_devices else math.prod(shape)) * int(mesh.experiments)
     if need > jax.device_count():
         raise ConfigError(f"mesh.shape={shape} with mesh.experiments={mesh.experiments} needs "
                           f"{need} devices; {jax.device_count()} available")
+
+
+def _spatial_split(system: System, tiles: list[int], what: str) -> None:
+    """The grid split into ``tiles`` = [py, px] only along the grid axes the system's
+    ``spatial_mesh`` allows: True (the default) any, False none, a tuple of axes ("y", "x")
+    those."""
+    allowed = getattr(system, "spatial_mesh", True)
+    split = [axis for axis, n in zip(("y", "x"), tiles, strict=True) if n > 1]
+    if allowed is True or not split:
+        return
+    allowed = (allowed,) if isinstance(allowed, str) else tuple(allowed or ())
+    if not allowed:
+        raise ConfigError(
+            f"{what}: {system.name} needs the whole grid on one device (its operators are "
+            "global transforms) and cannot run on a spatially decomposed mesh; use "
+            "mesh.shape=[1,1] and spread the experiments instead (mesh.experiments=<devices>)")
+    refused = [axis for axis in split if axis not in allowed]
+    if refused:
+        n, only = math.prod(tiles), allowed[0]
+        example = [n, 1] if only == "y" else [1, n]
+        form = "[k, 1]" if only == "y" else "[1, k]"
+        raise ConfigError(
+            f"{what}: {system.name} can split only grid axis {' and '.join(allowed)} "
+            f"(mesh.shape={form}), not {' and '.join(refused)}; use mesh.shape={example} or "
+            "spread the experiments (mesh.experiments=<devices>)")
 
 
 def _experiments(cfg: FitConfig) -> int:

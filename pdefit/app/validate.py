@@ -102,6 +102,14 @@ def validate_optim(cfg: OptimConfig) -> None:
     _non_negative("optim.grad_tol", cfg.grad_tol)
     if cfg.patience is not None:
         _at_least("optim.patience", cfg.patience, 1)
+    if cfg.max_log_step is not None:
+        _positive("optim.max_log_step", cfg.max_log_step)
+    if cfg.divergence_factor is not None and _number(
+            "optim.divergence_factor", cfg.divergence_factor) <= 1:
+        raise ConfigError(f"optim.divergence_factor must be > 1 (or null to disable), got "
+                          f"{cfg.divergence_factor!r}")
+    if cfg.max_steps_at_bound is not None:
+        _at_least("optim.max_steps_at_bound", cfg.max_steps_at_bound, 1)
 
 
 def validate_fit(cfg: FitConfig | DictConfig, log: Callable[[str], None] = print) -> None:
@@ -185,7 +193,23 @@ def _fit(cfg: FitConfig) -> None:
         for i, k in enumerate(fit.stages):
             _at_least(f"fit.stages[{i}]", k, 2)
     _hold(cfg)
+    _starts(cfg)
     validate_discretization_check(fit.discretization_check)
+
+
+def _starts(cfg: FitConfig) -> None:
+    """``fit.starts`` and ``fit.start_probe_steps``: the extra starts are drawn from
+    ``fit.perturb``, and a probe is shorter than the fit."""
+    starts = _at_least("fit.starts", cfg.fit.starts, 1)
+    if cfg.fit.start_probe_steps is not None:
+        probe = _at_least("fit.start_probe_steps", cfg.fit.start_probe_steps, 1)
+        if probe > cfg.optim.steps:
+            raise ConfigError(f"fit.start_probe_steps ({probe}) must not exceed optim.steps "
+                              f"({cfg.optim.steps})")
+    if starts > 1 and cfg.fit.perturb is None:
+        raise ConfigError(f"fit.starts={starts} draws its extra starts from fit.perturb, which "
+                          "is null: set fit.perturb (e.g. {low: 0.5, high: 1.5, seed: 0}) or "
+                          "fit.starts=1")
 
 
 def _regularization(reg: RegularizationConfig) -> None:

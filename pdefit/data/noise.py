@@ -1,6 +1,11 @@
 """Observation noise: the noise description a dataset stores (checked by
 :func:`check_noise`) and the noise it describes, drawn reproducibly from its seed
-(:func:`add_noise`, and per frame :func:`add_noise_block`)."""
+(:func:`add_noise`, and per frame :func:`add_noise_block`).
+
+``sigma`` is one number for every field or a mapping field → number.
+A description without a seed records a measured level only (a recording's noise, written by
+``pdefit.write_dataset(..., noise_sigma=...)`` or ``pdefit-import --noise-sigma``): the fit
+weighs and judges its residual by it, but it cannot be drawn again."""
 
 from __future__ import annotations
 
@@ -12,7 +17,7 @@ import numpy as np
 
 from pdefit.data.checks import DatasetError, is_int, is_real
 
-__all__ = ["add_noise", "add_noise_block", "check_noise"]
+__all__ = ["add_noise", "add_noise_block", "check_noise", "recorded_noise"]
 
 # Keys each noise kind accepts; anything else is most likely a typo (e.g. "sigam") that
 # would otherwise silently produce noise-free data.
@@ -26,8 +31,8 @@ _NOISE_KEYS = {
 def check_noise(noise: Mapping[str, Any]) -> None:
     """Raise DatasetError unless ``noise`` is a valid noise description.
 
-    A seed is required for random kinds: the description is stored with the dataset, and
-    it is only worth storing if it regenerates the same data.
+    A random kind with a ``seed`` regenerates the same data; without one it only records the
+    level of noise that was measured, not drawn here (a recording's).
     """
     if not isinstance(noise, Mapping) or "kind" not in noise:
         raise DatasetError(f"noise must be a dict with a 'kind' key, got {noise!r}")
@@ -43,11 +48,29 @@ def check_noise(noise: Mapping[str, Any]) -> None:
     if kind == "none":
         return
     sigma = noise.get("sigma")
-    if not is_real(sigma) or not math.isfinite(sigma) or sigma < 0:
-        raise DatasetError(f"noise sigma must be a finite float >= 0, got {sigma!r}")
+    levels = sigma.values() if isinstance(sigma, Mapping) and sigma else [sigma]
+    if not all(is_real(s) and math.isfinite(s) and s >= 0 for s in levels):
+        raise DatasetError(f"noise sigma must be a finite float >= 0 or a mapping field -> "
+                           f"such a float, got {sigma!r}")
     seed = noise.get("seed")
-    if not is_int(seed) or seed < 0:
+    if seed is not None and (not is_int(seed) or seed < 0):
         raise DatasetError(f"noise kind {kind!r} needs an int seed >= 0, got {seed!r}")
+
+
+def recorded_noise(sigma: float | Mapping[str, float], fields: Sequence[str]) -> dict[str, Any]:
+    """The description of additive noise of level ``sigma`` (a number, or field → number for
+    some of ``fields``) measured in a recording (no seed: it is not drawn again)."""
+    if isinstance(sigma, Mapping):
+        unknown = sorted(set(sigma) - set(fields))
+        if unknown:
+            raise DatasetError(f"noise_sigma names unknown field(s) {unknown}; fields are "
+                               f"{list(fields)}")
+        level: Any = {str(f): float(v) if is_real(v) else v for f, v in sigma.items()}
+    else:
+        level = float(sigma) if is_real(sigma) else sigma
+    noise = {"kind": "additive", "sigma": level}
+    check_noise(noise)
+    return noise
 
 
 def add_noise(
@@ -64,6 +87,10 @@ def add_noise(
     values = np.asarray(values)
     if noise["kind"] == "none":
         return values.astype(np.float32)
+    if noise.get("seed") is None or isinstance(noise["sigma"], Mapping):
+        raise DatasetError(f"noise {dict(noise)!r} records a measured level (no seed, or one "
+                           "level per field) and cannot be drawn: drawing needs an int seed "
+                           "and one sigma")
     seed = int(noise["seed"])
     rng = np.random.default_rng([seed, *map(int, key)] if key else seed)
     # Draw in float64 so float32 inputs do not change the random stream or its precision.

@@ -10,6 +10,7 @@ interrupted or refused write leaves the target as it was.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import tempfile
@@ -20,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from pdefit.data.checks import DatasetError, PathLike, is_pair
+from pdefit.data.noise import recorded_noise
 from pdefit.data.schema import (
     DEFAULT_AXIS_NAMES,
     DEFAULT_FRAMES_PER_SHARD,
@@ -49,6 +51,7 @@ def write_recording(
     coordinates: tuple[Sequence[float], Sequence[float]] | None = None,
     source: str | None = None,
     frames_per_shard: int = DEFAULT_FRAMES_PER_SHARD,
+    noise_sigma: float | Mapping[str, float] | None = None,
 ) -> Path:
     """Write a recording as a pdefit dataset at ``path`` and return ``path``.
 
@@ -59,6 +62,9 @@ def write_recording(
     ``units``: name → unit of a field, of ``time`` or of an axis (``axis_names``; cell
     centres ``(i + ½)·h`` unless ``coordinates`` gives them). ``system`` names the system
     that made the data ("" for none); ``source`` says where the data came from (provenance).
+    ``noise_sigma``: the additive noise level of the recording (one number, or field →
+    number), recorded in the dataset's ``noise`` attribute (no seed: measured, not drawn), so
+    that a fit weighs each field by it and judges its residual against it.
 
     An existing ``path`` is replaced only when it is a pdefit dataset and ``overwrite``;
     anything else there raises :class:`DatasetError` and is left untouched.
@@ -69,6 +75,8 @@ def write_recording(
     field_masks = _masks(arrays, masks)
     meta = _recording_meta(arrays, shape, times, spacing, boundaries, units, time_unit,
                            system, axis_names, coordinates, source)
+    if noise_sigma is not None:
+        meta = dataclasses.replace(meta, noise=recorded_noise(noise_sigma, tuple(arrays)))
     _check_target(target, overwrite)
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.writing-", dir=target.parent))

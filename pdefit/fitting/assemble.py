@@ -33,12 +33,15 @@ from pdefit.fitting.components import (
     system_params,
 )
 from pdefit.fitting.fitted import FittedFileError, fitted_path, read_fitted
+from pdefit.fitting.initial_fields import DATA, hidden_initial_fields, hidden_state_message
 from pdefit.fitting.observe import (
     LOSSES,
     Observation,
+    noise_levels,
     observable_names,
     observed_data,
     unobserved_after_first,
+    weighted_by_noise,
 )
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.fitting.synthetic import (
@@ -125,7 +128,7 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
     domain, placement = _mesh(cfg, system, grid, window)
     reader = Reader(ds, window, placement, dtype, [])
     observation, observed = _observed(cfg, system, derived, reader)
-    initial, from_observed = _initial_fields(system, grid, reader, source, fitted_fields)
+    initial, from_observed = _initial_fields(cfg, system, grid, reader, source, fitted_fields)
     start = _parameters(cfg, system, params, source, len(window.experiments), dtype)
     fields0 = _start_fields(cfg, grid, reader, source, fitted_fields, from_observed,
                             start.warm_fields)
@@ -255,23 +258,47 @@ def _observed(cfg: FitConfig, system: System, derived: tuple[str, ...], reader: 
     observation = Observation(tuple(obs_cfg.fields), obs_cfg.stride, obs_cfg.loss,
                               tuple(sorted(dict(obs_cfg.field_weights).items())),
                               system.observables if derived else None)
+    try:  # each field weighted by its noise level, where it is known
+        sigma, noise_source = noise_levels(obs_cfg.noise_sigma, reader.ds.meta.noise,
+                                           obs_cfg.fields)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    observation = weighted_by_noise(observation, sigma, noise_source)
     observed = observed_data(observation, values, masks, window.frame_steps, window.n_steps,
                              reader.dtype)
     return observation, observed
 
 
-def _initial_fields(system: System, grid: Grid, reader: Reader, source: Source,
-                    fitted_fields: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The initial values of the fields that are not fitted (the window's first frame, or
-    derived from the observed first frame), and the fields derived from it."""
-    initial = {f: reader.first_frame(f) for f in system.fields
-               if f in source.data_fields and f not in fitted_fields}
-    from_observed = state_from_first_frames(system, grid, reader, source.data_fields)
+def _initial_fields(cfg: FitConfig, system: System, grid: Grid, reader: Reader,
+                    source: Source, fitted_fields: tuple[str, ...],
+                    ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The initial values of the fields that are not fitted, and the fields derived from the
+    observed first frames. An observed field, or one named ``fit.initial_fields.<f>=data``
+    (a known initial state), starts from the window's first frame; an unobserved one from
+    what the system derives from the observed first frames; any other is refused (no hidden
+    truth: :func:`pdefit.fitting.initial_fields.hidden_initial_fields`)."""
+    observed = tuple(cfg.observe.fields)
+    sources = dict(cfg.fit.initial_fields)
+    hidden = hidden_initial_fields(system, grid, observed, sources)
+    if hidden:
+        raise ConfigError(hidden_state_message(hidden, observed))
+    known = [f for f in system.fields if f not in fitted_fields
+             and (f in observed or sources.get(f) == DATA)]
+    absent = [f for f in known if f not in source.data_fields]
+    if absent:
+        f = absent[0]
+        how = (f"fit.initial_fields.{f}=data: the dataset" if sources.get(f) == DATA
+               else f"initial field {f!r}: the dataset")
+        raise ConfigError(f"{how} holds no {f!r} to start from (it has "
+                          f"{list(source.data_fields)}); fit it (fit.initial_fields.{f}=fit)")
+    initial = {f: reader.first_frame(f) for f in known}
+    # Derived from the observed frames only: the dataset's other fields are not read.
+    from_observed = state_from_first_frames(system, grid, reader, (*observed, *known))
     initial.update({f: v for f, v in from_observed.items()
                     if f not in initial and f not in fitted_fields})
     missing = [f for f in system.fields if f not in fitted_fields and f not in initial]
     if missing:
-        raise ConfigError(f"initial field(s) {missing} are not in the dataset: fit them "
+        raise ConfigError(f"fit.initial_fields: no initial state of {missing}: fit them "
                           f"(fit.initial_fields.{missing[0]}=fit)")
     for name, field in initial.items():
         if not host_scalar(all_finite(field)):

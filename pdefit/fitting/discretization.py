@@ -189,7 +189,7 @@ class _Refined(FitProblem):
         coarse_step = stepper(self.system, grid, self.integrator)
         fine_step = stepper(self.system, fine_grid, self.integrator)
         dt, t0, k, m = self.dt, self.t0, self.substeps, self.grid_factor
-        observation = self.observation
+        observation = self.observation.on_grid(grid)  # both predictions are compared on grid
 
         def step(state, params, n):
             def sub(j, x):

@@ -1,4 +1,13 @@
-"""Fitted initial fields (``fit.initial_fields.<f>=fit``) against the dataset's own first frame.
+"""Where each initial field comes from, and fitted initial fields against the dataset's truth.
+
+No hidden truth: a state field that is not observed never starts from the dataset's first
+frame unless ``fit.initial_fields.<f>=data`` says so (a known initial state, e.g. a twin
+experiment); it is fitted (``=fit``) or derived from the observed first frames by the system's
+``state_from_observables`` hook (an estimate from what is observed), else the fit is refused
+before any work (:func:`hidden_initial_fields`, :func:`hidden_state_message`; checked by
+:mod:`pdefit.app.preflight` and again at assembly for the Python API).
+
+Fitted initial fields (``fit.initial_fields.<f>=fit``) against the dataset's own first frame:
 
 A synthetic dataset stores every state field, also those the fit does not observe, so the
 fitted unobserved field — e.g. Aliev–Panfilov's v(0) fitted from u alone — can be compared
@@ -12,9 +21,51 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 from pdefit import data as zd
+from pdefit.fitting.observe import observable_names
+
+# The sources of ``fit.initial_fields.<field>``.
+DATA = "data"  # a known initial state: the dataset's first frame of the field
+FIT = "fit"  # fitted with the parameters
+SOURCES = (DATA, FIT)
+
+
+def derivable_fields(system: Any, grid: Any, observed: Sequence[str]) -> tuple[str, ...]:
+    """State fields the system's ``state_from_observables`` hook derives from the observed
+    first frames (none without the hook, or unless every observable is observed)."""
+    derive = getattr(system, "state_from_observables", None)
+    names = observable_names(system, grid)
+    if derive is None or not names or any(n not in observed for n in names):
+        return ()
+    state = {f: jax.ShapeDtypeStruct(tuple(grid.shape), jnp.float32) for f in system.fields}
+    shapes = jax.eval_shape(system.observables, state)
+    return tuple(f for f in jax.eval_shape(derive, dict(shapes)) if f in system.fields)
+
+
+def hidden_initial_fields(system: Any, grid: Any, observed: Sequence[str],
+                          sources: Mapping[str, str]) -> list[str]:
+    """The state fields whose initial state would be the dataset's hidden truth: not
+    observed, not named in ``fit.initial_fields`` (``sources``) and not derived from the
+    observed fields by the system."""
+    derived = derivable_fields(system, grid, observed)
+    return [f for f in system.fields
+            if f not in observed and f not in sources and f not in derived]
+
+
+def hidden_state_message(hidden: Sequence[str], observed: Sequence[str]) -> str:
+    """The one-line refusal of :func:`hidden_initial_fields`' fields, naming both choices."""
+    names = ", ".join(hidden)
+    fit = " ".join(f"fit.initial_fields.{f}={FIT}" for f in hidden)
+    data = " ".join(f"fit.initial_fields.{f}={DATA}" for f in hidden)
+    one = len(hidden) == 1
+    return (f"fit.initial_fields: {names} {'is' if one else 'are'} not observed "
+            f"(observe.fields=[{','.join(observed)}]) and would start from the dataset's "
+            "first frame, a hidden truth a recording does not have; "
+            f"fit {'it' if one else 'them'} ({fit}) or, for a known initial state, {data}")
 
 
 def initial_field_errors(fitted: Mapping[str, np.ndarray], truth: Mapping[str, np.ndarray],

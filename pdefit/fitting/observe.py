@@ -7,12 +7,19 @@ arrays into the device-side :class:`ObservedData` the loss reads inside the time
 observed frames are addressed by a step → slot table, so frames need not be equally spaced
 and the predicted trajectory is never stored. Missing values are carried by weights (0 where
 not observed), never by NaN.
+
+Noise: where the observed fields' additive noise levels σ_f are known (``observe.noise_sigma``
+or the dataset's record, :func:`noise_levels`), each field's misfit is weighted by 1/σ_f²
+relative to their mean (:func:`noise_weights`, :func:`weighted_by_noise`): one field, or equal
+levels, leave the loss as it is.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 import jax
@@ -49,6 +56,10 @@ class Observation:
     loss: str = "mse"
     field_weights: tuple[tuple[str, float], ...] = ()
     derive: Callable[[Mapping[str, Any]], Mapping[str, Any]] | None = None
+    # The noise level σ of each observed field the weights include (empty: none known), and
+    # where it comes from ("observe.noise_sigma" or "dataset").
+    noise_sigma: tuple[tuple[str, float], ...] = ()
+    noise_source: str = ""
 
     def __post_init__(self) -> None:
         if self.loss not in LOSSES:
@@ -57,6 +68,14 @@ class Observation:
             raise ValueError(f"observation stride must be >= 1, got {self.stride}")
         if not self.fields:
             raise ValueError("observe at least one field")
+
+    def on_grid(self, grid: Any) -> Observation:
+        """This observation of states on ``grid`` (the whole grid, or one tile of a mesh): a
+        ``derive`` that takes a ``grid`` keyword (``observables(state, grid)``, for quantities
+        derived by global transforms) is handed it."""
+        if self.derive is None or "grid" not in inspect.signature(self.derive).parameters:
+            return self
+        return replace(self, derive=functools.partial(self.derive, grid=grid))
 
     def project(self, state: Mapping[str, jnp.ndarray]) -> dict[str, jnp.ndarray]:
         """The observed part of a model state."""
@@ -91,6 +110,76 @@ class Observation:
             lambda: self.misfit(state, data, jnp.maximum(slot, 0)),
             lambda: zero_like_state(state),
         )
+
+
+NOISE_KEY = "observe.noise_sigma"
+
+
+def check_noise_sigma(value: Any, fields: Sequence[str]) -> dict[str, float] | None:
+    """``observe.noise_sigma`` (a number, or field → number) as σ per observed field (None
+    when not given); ValueError naming the key where a level is not a positive number or a
+    mapping misses or adds a field."""
+    if value is None:
+        return None
+    levels = dict(value) if isinstance(value, Mapping) else dict.fromkeys(fields, value)
+    extra = sorted(set(levels) - set(fields))
+    missing = [f for f in fields if f not in levels]
+    if extra or missing:
+        raise ValueError(f"{NOISE_KEY}: give one number, or a level for every observed field "
+                         f"(observe.fields={list(fields)}); unknown {extra}, missing {missing}")
+    out = {}
+    for name, level in levels.items():
+        try:
+            out[name] = float(level)
+        except (TypeError, ValueError):
+            out[name] = float("nan")
+        if not (np.isfinite(out[name]) and out[name] > 0) or isinstance(level, bool):
+            raise ValueError(f"{NOISE_KEY}: the level of {name!r} must be a positive number, "
+                             f"got {level!r}")
+    return out
+
+
+def noise_levels(override: Any, recorded: Mapping[str, Any] | None, fields: Sequence[str],
+                 ) -> tuple[dict[str, float] | None, str]:
+    """(σ per observed field, its source): ``observe.noise_sigma`` (``override``) where
+    given, else the dataset's record of additive noise (``recorded``, its ``noise``
+    attribute) where it gives a level for every observed field; (None, "") otherwise."""
+    given = check_noise_sigma(override, fields)
+    if given is not None:
+        return given, NOISE_KEY
+    if not recorded or recorded.get("kind") != "additive":
+        return None, ""
+    sigma = recorded.get("sigma")
+    levels = ({f: sigma.get(f) for f in fields} if isinstance(sigma, Mapping)
+              else dict.fromkeys(fields, sigma))
+    if any(v is None for v in levels.values()):
+        return None, ""
+    return {f: float(v) for f, v in levels.items()}, "dataset"
+
+
+def noise_weights(sigma: Mapping[str, float]) -> dict[str, float]:
+    """Relative weights 1/σ_f² of the fields' misfits, scaled to mean 1 over the fields: one
+    field, or equal levels, weigh 1 (the loss unchanged). Empty where a level is not positive
+    (noise-free data weigh nothing more than the others)."""
+    inverse = {f: 1.0 / s**2 for f, s in sigma.items() if s > 0}
+    if not inverse or len(inverse) != len(sigma):
+        return {}
+    mean = sum(inverse.values()) / len(inverse)
+    return {f: v / mean for f, v in inverse.items()}
+
+
+def weighted_by_noise(observation: Observation, sigma: Mapping[str, float] | None,
+                      source: str) -> Observation:
+    """``observation`` with each field's weight multiplied by its noise weight
+    (:func:`noise_weights`) and the levels recorded (unchanged without ``sigma``)."""
+    if not sigma:
+        return observation
+    weights = dict(observation.field_weights)
+    relative = noise_weights(sigma)
+    if any(abs(w - 1.0) > 1e-12 for w in relative.values()):
+        weights = {f: weights.get(f, 1.0) * relative[f] for f in observation.fields}
+    return replace(observation, field_weights=tuple(sorted(weights.items())),
+                   noise_sigma=tuple(sorted(sigma.items())), noise_source=source)
 
 
 def observable_names(system: Any, grid: Any) -> tuple[str, ...]:

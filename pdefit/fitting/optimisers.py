@@ -6,6 +6,12 @@ sgd, L-BFGS with its zoom line search) and Levenberg–Marquardt with Nielsen's 
 and the two updates the loop of :mod:`pdefit.fitting.train` runs: :func:`make_update` (optax)
 and :func:`make_damped_update` (Levenberg–Marquardt). Each computes loss, gradient and the
 step in one jitted program and returns the candidate state with a :class:`StepReport`.
+
+Step control (:class:`StepLimits`, from the parameters' specs): every update, of every
+optimiser, is clipped so that no log-transformed parameter changes by more than a factor
+exp(``optim.max_log_step``), then projected onto the parameters' bounds in unconstrained
+coordinates. A fit can then never leave [lower, upper], nor jump decades in one
+step; the report says when a parameter sits on a bound (the loop's run-off rule).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
+from pdefit.model.params import ParameterLayout
 from pdefit.options import OptimConfig
 
 
@@ -149,6 +156,85 @@ def _advanced(state: TrainState, theta: Any, opt_state: Any, value: jax.Array) -
                                 state.best_theta)))
 
 
+class StepLimits(NamedTuple):
+    """Where a step may take the fitted parameters (``theta["params"]``): ``lower`` and
+    ``upper`` their bounds in unconstrained coordinates (±inf: open), ``log_names`` those
+    under a log transform, whose change per step is at most ``max_log_step`` (None: no
+    limit)."""
+
+    lower: dict[str, float]
+    upper: dict[str, float]
+    log_names: tuple[str, ...]
+    max_log_step: float | None
+
+    @property
+    def active(self) -> bool:
+        finite = [b for b in (*self.lower.values(), *self.upper.values()) if np.isfinite(b)]
+        return bool(finite) or (self.max_log_step is not None and bool(self.log_names))
+
+
+def step_limits(layout: ParameterLayout | None, cfg: OptimConfig) -> StepLimits | None:
+    """The step control of a fit of ``layout``'s parameters under ``cfg`` (None when there is
+    nothing to limit)."""
+    if layout is None:
+        return None
+    bounds = {name: layout.specs[name].unconstrained_bounds() for name in layout.fitted}
+    limits = StepLimits({n: b[0] for n, b in bounds.items()},
+                        {n: b[1] for n, b in bounds.items()},
+                        tuple(n for n in layout.fitted if layout.specs[n].transform == "log"),
+                        cfg.max_log_step)
+    return limits if limits.active else None
+
+
+def limit_step(old: Any, new: Any, limits: StepLimits | None) -> tuple[Any, jax.Array,
+                                                                      jax.Array]:
+    """(θ, changed, at_bound): ``new`` with each log parameter's change from ``old`` (θ trees)
+    clipped to ±``limits.max_log_step`` and every ``θ["params"]`` entry clipped to its
+    bounds; whether that changed ``new``, and whether a parameter now sits on one of its
+    finite bounds. (Clipped elementwise rather than the whole step shortened: a direction the
+    data hardly see, where a Gauss–Newton step is long, would otherwise hold every other
+    parameter back too.)"""
+    no = jnp.asarray(False)
+    if limits is None:
+        return new, no, no
+    step = limits.max_log_step
+    params = {}
+    for name, value in new["params"].items():
+        if step is not None and name in limits.log_names:
+            value = jnp.clip(value, old["params"][name] - step, old["params"][name] + step)
+        params[name] = jnp.clip(value, limits.lower.get(name, -np.inf),
+                                limits.upper.get(name, np.inf)).astype(value.dtype)
+    changed = jnp.any(jnp.stack([jnp.any(params[n] != new["params"][n]) for n in params]
+                                or [no]))
+    return {**new, "params": params}, changed, on_bound(params, limits)
+
+
+def on_bound(params: Mapping[str, Any], limits: StepLimits | None) -> jax.Array:
+    """Whether an element of ``params`` (unconstrained) sits on one of its finite bounds."""
+    hits = [jnp.asarray(False)]
+    for name, value in params.items():
+        low, high = limits.lower.get(name, -np.inf), limits.upper.get(name, np.inf)
+        if np.isfinite(low):
+            hits.append(jnp.any(value <= low))
+        if np.isfinite(high):
+            hits.append(jnp.any(value >= high))
+    return jnp.any(jnp.stack(hits))
+
+
+def _invalidate_line_search(opt_state: Any, changed: jax.Array) -> Any:
+    """``opt_state`` with a zoom line search's stored loss set to +inf where ``changed``: its
+    loss and gradient belong to the point it accepted, which the step control moved, so the
+    next step must evaluate them anew (see :func:`_value_and_grad`)."""
+    def fix(node: Any) -> Any:
+        if isinstance(node, optax.ScaleByZoomLinesearchState):
+            return node._replace(value=jnp.where(changed, jnp.inf, node.value).astype(
+                node.value.dtype))
+        return node
+
+    return jax.tree.map(fix, opt_state,
+                        is_leaf=lambda x: isinstance(x, optax.ScaleByZoomLinesearchState))
+
+
 class StepReport(NamedTuple):
     """What the host reads after a step, in one transfer: about the point the step started
     from (``state.theta``), and how many evaluations the step took."""
@@ -160,14 +246,16 @@ class StepReport(NamedTuple):
     lr_scale: jax.Array
     evaluations: jax.Array  # int32: loss (or loss-and-gradient) evaluations, line search included
     params: Any  # ``describe(theta)``, or None
+    at_bound: jax.Array  # the step ended with a parameter on one of its bounds (StepLimits)
 
 
 def _report(state: TrainState, value: jax.Array, grad_norm: jax.Array, finite: jax.Array,
             evaluations: jax.Array, describe: Callable[[Any], Mapping[str, Any]] | None,
-            ) -> StepReport:
+            at_bound: jax.Array) -> StepReport:
     return StepReport(step=state.step, loss=value, grad_norm=grad_norm, finite=finite,
                       lr_scale=state.lr_scale, evaluations=jnp.asarray(evaluations, jnp.int32),
-                      params=dict(describe(state.theta)) if describe else None)
+                      params=dict(describe(state.theta)) if describe else None,
+                      at_bound=jnp.asarray(at_bound))
 
 
 def _line_search_steps(opt_state: Any) -> jax.Array:
@@ -230,12 +318,13 @@ def _free_positions(params: Mapping[str, Any], hold: Collection[str]) -> np.ndar
 
 def make_update(loss: Callable, optimizer: optax.GradientTransformation,
                 describe: Callable[[Any], Mapping[str, Any]] | None = None,
-                hold: Collection[str] = ()) -> Callable:
+                hold: Collection[str] = (), limits: StepLimits | None = None) -> Callable:
     """``update(state, batch) -> (candidate state, StepReport)``, jitted. Extra arguments
     (value, gradient, loss function) are offered to optimisers that take them, such as
     L-BFGS's line search. The parameters named in ``hold`` keep their values: their gradient
     is zeroed before the optimiser sees it (so its moments and curvature pairs never hold
-    them) and their update after (weight decay would move them)."""
+    them) and their update after (weight decay would move them). ``limits``: the step
+    control (:func:`limit_step`)."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
@@ -248,17 +337,20 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation,
             value_fn=lambda theta: loss(theta, batch))
         updates = jax.tree.map(lambda u: u * state.lr_scale.astype(u.dtype),
                                _zero_held(updates, hold))
-        theta = optax.apply_updates(state.theta, updates)
+        theta, changed, at_bound = limit_step(
+            state.theta, optax.apply_updates(state.theta, updates), limits)
+        opt_state = _invalidate_line_search(opt_state, changed)
         evaluations = evaluated + _line_search_steps(opt_state)
         return (_advanced(state, theta, opt_state, value),
-                _report(state, value, grad_norm, finite, evaluations, describe))
+                _report(state, value, grad_norm, finite, evaluations, describe, at_bound))
 
     return update
 
 
 def make_damped_update(loss: Callable, curvature: Callable,
                        describe: Callable[[Any], Mapping[str, Any]] | None = None,
-                       hold: Collection[str] = ()) -> Callable:
+                       hold: Collection[str] = (), limits: StepLimits | None = None,
+                       ) -> Callable:
     """Levenberg–Marquardt on ``theta["params"]`` with the same contract as
     :func:`make_update`. ``curvature(theta, batch) -> (loss, gradient, G)`` (see
     :mod:`pdefit.fitting.gauss_newton`). A step solves (G + λ diag G) δ = −g and is kept when the
@@ -268,7 +360,9 @@ def make_damped_update(loss: Callable, curvature: Callable,
     and the trial loss. The step is scaled by ``lr_scale`` (below 1 after a non-finite
     point; each accepted step doubles it back towards 1). The parameters named in ``hold``
     keep their values: the curvature is asked for the others' columns only (``free``), and
-    the step is solved over those."""
+    the step is solved over those. ``limits``: the step control (:func:`limit_step`), applied
+    to the trial point before its loss is evaluated; the decrease the model predicts is that
+    of the step actually tried."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
@@ -280,13 +374,16 @@ def make_damped_update(loss: Callable, curvature: Callable,
             free = np.arange(flat.shape[0])
             value, grad, matrix = curvature(state.theta, batch)
         g = ravel_pytree(grad["params"])[0][free]
-        delta, predicted = _damped_step(matrix, g, state.opt_state.damping, state.lr_scale,
-                                        flat.dtype)
-        trial_theta = {**state.theta,
-                       "params": unravel(flat + jnp.zeros_like(flat).at[free].set(delta))}
+        delta = _damped_step(matrix, g, state.opt_state.damping, state.lr_scale, flat.dtype)
+        trial_theta, _, _ = limit_step(state.theta, {
+            **state.theta, "params": unravel(flat + jnp.zeros_like(flat).at[free].set(delta))},
+            limits)
+        delta = (ravel_pytree(trial_theta["params"])[0] - flat)[free]
+        predicted = -(g @ delta + 0.5 * delta @ matrix @ delta)
         trial = loss(trial_theta, batch)
         accept, opt_state = _nielsen_update(state.opt_state, value, trial, predicted)
         theta = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, state.theta)
+        at_bound = on_bound(theta["params"], limits) if limits else jnp.asarray(False)
         grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm) & jnp.all(jnp.isfinite(matrix))
         # An accepted step doubles a reduced lr_scale back towards 1: a retry shortens the
@@ -295,24 +392,21 @@ def make_damped_update(loss: Callable, curvature: Callable,
         lr_scale = jnp.where(accept, jnp.minimum(1.0, 2.0 * state.lr_scale), state.lr_scale)
         return (_advanced(state, theta, opt_state, value)._replace(
                     lr_scale=lr_scale.astype(state.lr_scale.dtype)),
-                _report(state, value, grad_norm, finite, 2, describe))
+                _report(state, value, grad_norm, finite, 2, describe, at_bound))
 
     return update
 
 
 def _damped_step(matrix: jax.Array, g: jax.Array, damping: jax.Array, lr_scale: jax.Array,
-                 dtype: Any) -> tuple[jax.Array, jax.Array]:
-    """The step δ solving (G + λ diag G) δ = −g, scaled by ``lr_scale``, and the loss
-    decrease −(g·δ + ½ δᵀGδ) the quadratic model predicts for it."""
+                 dtype: Any) -> jax.Array:
+    """The step δ solving (G + λ diag G) δ = −g, scaled by ``lr_scale``."""
     diagonal = jnp.diag(matrix)
     # Parameters the data do not see would make the system singular: floor the scaling.
     floor = 1e-12 * jnp.maximum(jnp.max(diagonal), jnp.finfo(dtype).tiny)
     system = matrix + damping * jnp.diag(jnp.maximum(diagonal, floor))
     # Scaled by lr_scale like every optimiser's update: after a non-finite point the
     # loop retries from its last good state with a shorter step, not the same one.
-    delta = -lr_scale.astype(dtype) * jnp.linalg.solve(system, g)
-    predicted = -(g @ delta + 0.5 * delta @ matrix @ delta)
-    return delta, predicted
+    return -lr_scale.astype(dtype) * jnp.linalg.solve(system, g)
 
 
 def _nielsen_update(damping_state: DampingState, value: jax.Array, trial: jax.Array,
@@ -327,3 +421,16 @@ def _nielsen_update(damping_state: DampingState, value: jax.Array, trial: jax.Ar
     return accept, DampingState(
         jnp.where(accept, damping * shrink, damping * factor).astype(damping.dtype),
         jnp.where(accept, 2.0, 2.0 * factor).astype(factor.dtype))
+
+
+def step_update(loss: Callable, optimizer: optax.GradientTransformation, cfg: OptimConfig,
+                curvature: Callable | None,
+                describe: Callable[[Any], Mapping[str, Any]] | None,
+                hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
+    """The jitted update of ``cfg.name``: Levenberg–Marquardt's, or the optax one."""
+    if cfg.name == LEVENBERG_MARQUARDT:
+        if curvature is None:
+            raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
+                             "curvature (pdefit.fitting.gauss_newton)")
+        return make_damped_update(loss, curvature, describe, hold, limits)
+    return make_update(loss, optimizer, describe, hold, limits)

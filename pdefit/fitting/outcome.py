@@ -11,6 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pdefit.fitting.observe import NOISE_KEY
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.fitting.uncertainty import (
     CurvatureParts,
@@ -28,6 +29,8 @@ ROUNDOFF = "roundoff"  # noise-free data fitted to their storage precision
 MODEL_ERROR = "model_error"  # partly discretization error (the discretization check says)
 ESTIMATED = "estimated"  # no noise level recorded: σ is estimated from the residual
 UNKNOWN = "unknown"  # no intervals, so no residual statistics
+# Where a known noise level comes from: the dataset's record, or the fit's option.
+KNOWN_SOURCES = ("dataset", NOISE_KEY)
 # How many standard deviations of the reduced χ² (√(2/dof)) from 1 still count as noise.
 CHI2_SPREAD = 3.0
 
@@ -38,34 +41,53 @@ def intervals(problem: FitProblem, theta: Any, batch: Batch,
               ) -> tuple[dict[str, Any], CurvatureParts | None]:
     """The ``uncertainty`` block of summary.json at ``theta`` (standard errors and 95 %
     intervals of the fitted shared scalars, :func:`pdefit.fitting.uncertainty.estimate`) with
-    the dataset's ``noise`` (its ``meta.noise``; None where the data come from another
-    system), and the curvature it comes from (None without intervals, with the reason)."""
+    the noise level given as ``observe.noise_sigma`` (the problem's observation holds it),
+    else the dataset's ``noise`` (its ``meta.noise``; None where the data come from another
+    system), else estimated from the residual; and the curvature it comes from (None without
+    intervals, with the reason)."""
     reason = unavailable_reason(problem)
     if reason is not None:
         log(f"no parameter intervals: {reason}")
         return {"available": False, "reason": reason}, None
     log("parameter intervals: one forward-tangent sweep over the training window…")
     parts = curvature_parts(problem, theta, batch)
-    return estimate(problem, theta, batch, known_sigma(noise), parts=parts), parts
+    sigma, source = noise_level(problem, noise)
+    return estimate(problem, theta, batch, sigma, parts=parts, source=source), parts
+
+
+def noise_level(problem: FitProblem, noise: Mapping[str, Any] | None,
+                ) -> tuple[float | dict[str, float] | None, str]:
+    """(σ the intervals take as known, its source): ``observe.noise_sigma`` where the fit was
+    given it, else the dataset's record ``noise``; (None, "residual") where neither."""
+    observation = problem.observation
+    if observation.noise_source == NOISE_KEY and observation.noise_sigma:
+        return dict(observation.noise_sigma), NOISE_KEY
+    sigma = known_sigma(noise, observation.fields)
+    return sigma, ("residual" if sigma is None else "dataset")
 
 
 def residual_verdict(uncertainty: Mapping[str, Any]) -> dict[str, Any]:
     """What the residual of a fit is, from its ``uncertainty`` block (after the
     discretization check marked it, :func:`pdefit.fitting.discretization.mark_intervals`):
     ``verdict`` (one of this module's constants), ``rms_residual``, ``noise_sigma`` (the
-    recorded level, or None), ``reduced_chi2`` (RSS / (dof σ²) against a recorded level) and
-    a one-line ``message``."""
+    known level, per field where the fields' levels differ, or None), ``noise_source``
+    (``dataset``, ``observe.noise_sigma`` or ``residual``), ``reduced_chi2`` (RSS / (dof σ²)
+    against a known level; the RSS whitened by the fields' levels) and a one-line
+    ``message``."""
     if not uncertainty.get("available"):
         reason = uncertainty.get("reason", "no intervals")
         return {"verdict": UNKNOWN, "rms_residual": None, "noise_sigma": None,
-                "reduced_chi2": None, "message": f"no residual statistics: {reason}"}
+                "noise_source": None, "reduced_chi2": None,
+                "message": f"no residual statistics: {reason}"}
     rss, n_values, dof = uncertainty["rss"], uncertainty["n_values"], uncertainty["dof"]
     rms = math.sqrt(rss / n_values) if n_values else 0.0
-    recorded = uncertainty["sigma_source"] == "dataset"
+    recorded = uncertainty["sigma_source"] in KNOWN_SOURCES
     sigma = uncertainty["sigma"] if recorded else None
     chi2 = rss / (dof * sigma**2) if recorded and dof > 0 and sigma else None
     verdict, message = _verdict(uncertainty, rms, sigma, chi2, dof)
-    return {"verdict": verdict, "rms_residual": rms, "noise_sigma": sigma,
+    per_field = uncertainty.get("sigma_per_field") if recorded else None
+    return {"verdict": verdict, "rms_residual": rms,
+            "noise_sigma": per_field or sigma, "noise_source": uncertainty["sigma_source"],
             "reduced_chi2": chi2, "message": message}
 
 
@@ -80,7 +102,8 @@ def _verdict(uncertainty: Mapping[str, Any], rms: float, sigma: float | None,
                           "noise-free data fitted to their precision")
     if chi2 is None:
         return ESTIMATED, (f"RMS residual {rms:.3g}; the dataset records no noise level, so "
-                           "the intervals take the residual for noise")
+                           "the intervals take the residual for noise (give it with "
+                           "observe.noise_sigma)")
     spread = CHI2_SPREAD * math.sqrt(2.0 / dof)
     # An initial state read from the noisy first frame carries that frame's noise into every
     # later one: up to about σ² more per value where the dynamics do not amplify it.

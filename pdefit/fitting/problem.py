@@ -117,7 +117,7 @@ class FitProblem:
         """The loss chain of one experiment (on one tile when ``grid`` is a tile); its θ is the
         dict of physical parameters."""
         one_step = stepper(self.system, grid or self.grid, self.integrator)
-        dt, t0, observation = self.dt, self.t0, self.observation
+        dt, t0, observation = self.dt, self.t0, self.observation.on_grid(grid or self.grid)
 
         def step(state, params, n):
             return one_step(state, params, t0 + n * dt, dt)

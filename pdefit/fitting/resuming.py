@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pdefit.options import ConfigError
 from pdefit.runtime.checkpoint import (
     CheckpointOptions,
     CheckpointStore,
@@ -27,8 +28,9 @@ from pdefit.runtime.checkpoint import (
 from pdefit.runtime.resume import CONTINUATION_KEYS, DRIVING_KEYS, config_differences
 
 
-class ResumeMismatchError(ValueError):
-    """The run directory holds checkpoints of a different configuration or dataset."""
+class ResumeMismatchError(ConfigError):
+    """The run directory holds checkpoints of a different configuration or dataset (a
+    :class:`~pdefit.options.ConfigError`: the command line reports it in one line)."""
 
 
 def data_fingerprint(batch: Any) -> str:

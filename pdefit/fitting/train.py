@@ -13,6 +13,11 @@ whose loss and gradient were finite — scales the learning rate down by ``optim
 and takes that step again, shorter. After ``optim.max_nan_failures`` such failures the run
 stops with :class:`TrainingDivergedError`.
 
+Run-off. Given the parameters' ``layout`` every step is limited (optimisers.StepLimits), and
+the loop stops as ``diverged``, its best point kept, once the loss exceeds
+``optim.divergence_factor`` × the best so far or a parameter has sat on one of its bounds for
+``optim.max_steps_at_bound`` steps in a row.
+
 Checkpoints hold the anchor and the metric history before its step, never a state that was
 not yet evaluated. A resumed run therefore re-evaluates the anchor first — the same numbers,
 because the update is deterministic and the state comes back bit for bit — and follows
@@ -31,20 +36,20 @@ from pathlib import Path
 from typing import Any
 
 import jax
-import optax
 
 from pdefit.fitting.optimisers import (
     LEVENBERG_MARQUARDT,
     StepReport,
     TrainState,
     init_state,
-    make_damped_update,
     make_optimizer,
-    make_update,
+    step_limits,
+    step_update,
 )
 from pdefit.fitting.resuming import ResumeMismatchError as ResumeMismatchError  # re-exported
 from pdefit.fitting.resuming import data_fingerprint, open_checkpoints
 from pdefit.fitting.resuming import resume_mismatch as resume_mismatch  # re-exported
+from pdefit.model.params import ParameterLayout
 from pdefit.options import OptimConfig
 from pdefit.runtime.checkpoint import CheckpointOptions, CheckpointStore, write_json_atomic
 from pdefit.runtime.progress import Progress, ProgressOptions, progress_bar
@@ -79,7 +84,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             seed: int = 0, preemption: PreemptionFlag | None = None,
             on_step: Callable[[int, Mapping[str, Any]], None] | None = None,
             curvature: Callable | None = None, hold: Collection[str] = (),
-            ) -> tuple[TrainState, FitHistory]:
+            layout: ParameterLayout | None = None) -> tuple[TrainState, FitHistory]:
     """Minimise ``loss(theta, batch)`` from ``theta0``.
 
     ``describe(theta)`` gives the physical values written with each metrics record.
@@ -91,6 +96,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     ``curvature`` (from :func:`pdefit.fitting.gauss_newton.gauss_newton`) is needed by
     ``levenberg_marquardt``. ``hold`` names entries of ``theta0["params"]`` that every
     optimiser keeps at their values (a stage of a staged fit that frees them later).
+    ``layout`` (the problem's :class:`~pdefit.model.params.ParameterLayout`) turns on the step
+    control: bounds and ``optim.max_log_step``.
 
     Raises :class:`Preempted` (a ``SystemExit`` with status 75) after a preemption signal, once
     the checkpoint is on disk, and :class:`TrainingDivergedError` after too many non-finite
@@ -99,7 +106,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     optimizer = make_optimizer(cfg)
     hold = frozenset(hold)
     _check_hold(theta0, hold)
-    update = _update_for(loss, optimizer, cfg, curvature, describe, hold)
+    update = step_update(loss, optimizer, cfg, curvature, describe, hold,
+                         step_limits(layout, cfg))
     state = init_state(theta0, optimizer, jax.eval_shape(loss, theta0, batch).dtype, seed)
     run, state = _open_run(state, batch, cfg, checkpoint=checkpoint, resume=resume,
                            config=config, metrics_path=metrics_path, status_path=status_path,
@@ -130,19 +138,6 @@ def _check_hold(theta0: Any, hold: frozenset[str]) -> None:
             {k: v for k, v in theta0.items() if k != "params"}):
         raise ValueError(f"holding every fitted parameter {sorted(names)} leaves nothing "
                          "to fit")
-
-
-def _update_for(loss: Callable, optimizer: optax.GradientTransformation, cfg: OptimConfig,
-                 curvature: Callable | None,
-                 describe: Callable[[Any], Mapping[str, Any]] | None,
-                 hold: frozenset[str]) -> Callable:
-    """The jitted update of ``cfg.name``: Levenberg–Marquardt's, or the optax one."""
-    if cfg.name == LEVENBERG_MARQUARDT:
-        if curvature is None:
-            raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
-                             "curvature (pdefit.fitting.gauss_newton)")
-        return make_damped_update(loss, curvature, describe, hold)
-    return make_update(loss, optimizer, describe, hold)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -288,7 +283,6 @@ def _recorded(run: _Run, state: TrainState, step: int, report: StepReport) -> di
     record = _record(report, run.clock.elapsed())
     run.anchor = _Anchor(state, len(history.records), step)
     history.records.append(record)
-    history.best_loss = min(history.best_loss, record["loss"])
     if run.metrics:
         run.metrics.write(json.dumps(record) + "\n")
         run.metrics.flush()
@@ -298,7 +292,8 @@ def _recorded(run: _Run, state: TrainState, step: int, report: StepReport) -> di
 def _should_stop(run: _Run, step: int) -> bool:
     """Whether a stopping rule ends the fit after ``step`` steps (said in the log, and kept
     as the history's ``stop_reason``)."""
-    stopping = _stopping(run.history.records, run.cfg, step)
+    stopping = _stopping(run.history.records, run.cfg, step, run.history.best_loss)
+    run.history.best_loss = min(run.history.best_loss, run.history.records[-1]["loss"])
     if stopping is None:
         return False
     run.history.stop_reason, message = stopping
@@ -413,11 +408,34 @@ def _stalled(records: list[dict[str, Any]], patience: int) -> bool:
     return recent > before * (1.0 - 1e-6)
 
 
+def _running_off(records: list[dict[str, Any]], cfg: OptimConfig, best: float,
+                 ) -> str | None:
+    """Why the fit counts as running off after ``records[-1]`` (``best``: the lowest loss
+    before it), else None: its loss grew ``optim.divergence_factor``-fold over the best, or a
+    parameter has sat on a bound for ``optim.max_steps_at_bound`` steps."""
+    loss = records[-1]["loss"]
+    factor = cfg.divergence_factor
+    if factor is not None and 0 < best < math.inf and loss > factor * best:
+        return (f"the loss {loss:.3e} exceeds optim.divergence_factor={factor:g} x the best "
+                f"loss {best:.3e}")
+    patience = cfg.max_steps_at_bound
+    if patience is not None and len(records) >= patience and all(
+            r.get("at_bound") for r in records[-patience:]):
+        return (f"a parameter has sat on one of its bounds (ParamSpec lower/upper) for "
+                f"{patience} steps in a row (optim.max_steps_at_bound)")
+    return None
+
+
 def _stopping(records: list[dict[str, Any]], cfg: OptimConfig, step: int,
-              ) -> tuple[str, str] | None:
+              best: float = math.inf) -> tuple[str, str] | None:
     """(stop reason, log message) when a stopping rule ends the fit after ``step`` steps whose
-    last record is ``records[-1]``, else None."""
+    last record is ``records[-1]`` (``best``: the lowest loss of the records before it), else
+    None."""
     record = records[-1]
+    running_off = _running_off(records, cfg, best)
+    if running_off is not None:
+        return "diverged", (f"stopped at step {step} as diverged: {running_off}; the fit "
+                            "keeps its best point")
     if record["grad_norm"] <= cfg.grad_tol * records[0]["grad_norm"]:
         return "converged", (f"converged at step {step}: gradient norm "
                              f"{record['grad_norm']:.3e} <= {cfg.grad_tol:g} x initial")
@@ -459,6 +477,8 @@ def _record(report: StepReport, t: float) -> dict[str, Any]:
                               "grad_norm": float(report.grad_norm),
                               "lr_scale": float(report.lr_scale),
                               "evaluations": int(report.evaluations), "time": t}
+    if bool(report.at_bound):
+        record["at_bound"] = True
     if report.params is not None:
         record["params"] = {k: float(v) for k, v in report.params.items()}
     return record

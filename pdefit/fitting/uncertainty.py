@@ -8,9 +8,14 @@ points and experiments), plus the penalty R(θ):
 
 with w_f the field weight (``observe.field_weights``), s_{e,f} = 1 / (number of observed values
 of field f in experiment e) for ``mse`` or 1 / Σ y² of them for ``relative_mse``, and E the
-number of experiments. Assume y_i = model_i(θ*) + ε_i with independent ε_i ~ N(0, σ²) (one σ
-for every observed value, no model error, a known initial state or one read from the first
-frame, see below). Linearising the optimality
+number of experiments. Assume y_i = model_i(θ*) + ε_i with independent ε_i ~ N(0, σ_f²) (one σ
+per observed field, the same for all where none is known; no model error, a known initial
+state or one read from the first frame, see below). With levels per field (``observe.noise_sigma``
+or the dataset's record; the loss then weighs field f by 1/σ_f² relative to their mean,
+:func:`pdefit.fitting.observe.noise_weights`), σ_f² = σ² v_f with the reference level
+σ² = 1 / mean_f(1/σ_f²) and v_f the relative variances; the middle factor below is then
+Jᵀ A V A J and the residual sum of squares is whitened, RSS = Σ_i r_i² / v_f (the plain sum
+where every field has one σ), so that RSS / (dof σ²) is the reduced χ². Linearising the optimality
 condition ∇L(θ̂) = 0 at the optimum gives the sandwich covariance in the unconstrained
 coordinates θ (J = ∂r/∂θ, A = diag(a_i)):
 
@@ -121,26 +126,50 @@ def copied_values(problem: FitProblem, theta: Any, batch: Batch) -> int:
                    for f in projected))
 
 
-def _reweighted(problem: FitProblem, batch: Batch, power: int,
+def relative_variances(problem: FitProblem) -> dict[str, float]:
+    """v_f = σ_f² / σ² per observed field from the levels the loss is weighted by
+    (σ² = 1 / mean_f(1/σ_f²)); 1 for every field where none are known."""
+    sigma = dict(problem.observation.noise_sigma)
+    fields = problem.observation.fields
+    if not sigma or any(sigma.get(f, 0.0) <= 0 for f in fields):
+        return dict.fromkeys(fields, 1.0)
+    reference = reference_variance(sigma)
+    return {f: sigma[f] ** 2 / reference for f in fields}
+
+
+def reference_variance(sigma: Mapping[str, float]) -> float:
+    """σ² = 1 / mean_f(1/σ_f²) of levels per field (σ_f² where they are all equal)."""
+    levels = [float(s) for s in sigma.values()]
+    if len(set(levels)) == 1:
+        return levels[0] ** 2
+    if min(levels) <= 0:
+        return 0.0  # noise-free values among them: no common reference level
+    return len(levels) / sum(1.0 / s**2 for s in levels)
+
+
+def _reweighted(problem: FitProblem, batch: Batch, factors: Mapping[str, Any],
                 ) -> tuple[FitProblem, Batch]:
-    """The problem (no field weights, no penalty) and batch whose data loss is Σ_i a_i^power
-    r_i²: gauss_newton averages over experiments, hence the factor E."""
+    """The problem (no field weights, no penalty) and batch whose data loss is
+    Σ_i factor_{e,f} r_i² (``factors``: per field, a number or one per experiment):
+    gauss_newton averages over experiments, hence the factor E."""
     weights = misfit_weights(problem, batch)
     n_exp = next(iter(weights.values())).shape[0]
     dtype = next(iter(batch.observed.scale.values())).dtype
-    scale = {f: jnp.asarray(w ** power * n_exp, dtype) for f, w in weights.items()}
+    scale = {f: jnp.asarray(np.broadcast_to(factors[f], w.shape) * n_exp, dtype)
+             for f, w in weights.items()}
     plain = dataclasses.replace(
         problem, regularization=Regularization(),
         observation=dataclasses.replace(problem.observation, field_weights=()))
     return plain, batch._replace(observed=batch.observed._replace(scale=scale))
 
 
-def _gauss_newton_matrix(problem: FitProblem, theta: Any, batch: Batch, power: int,
-                         directions: Any = None) -> tuple[float, np.ndarray, np.ndarray]:
-    """(Σ a^power r², its gradient 2 Jᵀ A^power r, half its Gauss–Newton matrix) at ``theta``:
-    Jᵀ A^power J, bordered by Jᵀ A^power J_x d for initial-state ``directions`` d; one
-    forward-tangent sweep."""
-    plain, reweighted = _reweighted(problem, batch, power)
+def _gauss_newton_matrix(problem: FitProblem, theta: Any, batch: Batch,
+                         factors: Mapping[str, Any], directions: Any = None,
+                         ) -> tuple[float, np.ndarray, np.ndarray]:
+    """(Σ c r², its gradient 2 Jᵀ C r, half its Gauss–Newton matrix) at ``theta`` for the
+    factors c per field (C = diag(c)): Jᵀ C J, bordered by Jᵀ C J_x d for initial-state
+    ``directions`` d; one forward-tangent sweep."""
+    plain, reweighted = _reweighted(problem, batch, factors)
     value, gradient, matrix = jax.jit(gauss_newton(plain))(theta, reweighted, directions)
     return (float(value), np.asarray(ravel_pytree(gradient["params"])[0], np.float64),
             0.5 * np.asarray(matrix, np.float64))
@@ -170,7 +199,7 @@ class CurvatureParts(NamedTuple):
     """What the covariance is made of, at one θ (vectors and matrices flattened in
     ``ravel_pytree`` order of ``theta["params"]``): Cov = σ² B⁻¹ M B⁻¹."""
 
-    rss: float  # Σ r², unweighted
+    rss: float  # Σ r² / v_f (Σ r², unweighted, where every field has one σ)
     n_values: int  # observed values that sample the noise (see copied_values)
     bread: np.ndarray  # B
     meat: np.ndarray  # M
@@ -179,10 +208,11 @@ class CurvatureParts(NamedTuple):
 
 
 def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureParts:
-    """:class:`CurvatureParts` at ``theta``. M = JᵀA²J, plus
-    (JᵀAJ_x)(JᵀAJ_x)ᵀ where the initial state is a noisy copy of the first frame (J_x: the
-    residuals' response to it, from :func:`initial_directions`). One sweep when the weights
-    are uniform, three otherwise."""
+    """:class:`CurvatureParts` at ``theta``. M = JᵀAVAJ (V: the relative variances of the
+    fields, :func:`relative_variances`), plus (JᵀAJ_x)(JᵀAJ_x)ᵀ where the initial state is a
+    noisy copy of the first frame (J_x: the residuals' response to it, from
+    :func:`initial_directions`). One sweep when the weights are proportional to 1/v_f (uniform
+    ones where every field has one σ), three otherwise."""
     weights = misfit_weights(problem, batch)
     copied = copied_values(problem, theta, batch)
     n_values = int(sum(float(jnp.sum(w)) for w in batch.observed.weights.values())) - copied
@@ -190,14 +220,18 @@ def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureP
                                 if copied else (None, 0.0, None))
     flat, unravel = ravel_pytree(theta["params"])
     k = flat.shape[0]
-    rss, plain_gradient, plain = _gauss_newton_matrix(problem, theta, batch, 0, directions)
-    levels = np.concatenate([np.ravel(w) for w in weights.values()])
+    variances = relative_variances(problem)
+    whitening = {f: 1.0 / variances[f] for f in weights}
+    rss, plain_gradient, plain = _gauss_newton_matrix(problem, theta, batch, whitening,
+                                                      directions)
+    levels = np.concatenate([np.ravel(w * variances[f]) for f, w in weights.items()])
     if np.allclose(levels, levels[0], rtol=1e-12, atol=0.0):
-        a = float(levels[0])
+        a = float(levels[0])  # A = a V⁻¹: the data term and AVA are multiples of JᵀV⁻¹J
         gradient, data, squared = a * plain_gradient, a * plain, a * a * plain[:k, :k]
     else:
-        _, gradient, data = _gauss_newton_matrix(problem, theta, batch, 1, directions)
-        squared = _gauss_newton_matrix(problem, theta, batch, 2)[2]
+        _, gradient, data = _gauss_newton_matrix(problem, theta, batch, weights, directions)
+        squared = _gauss_newton_matrix(problem, theta, batch, {
+            f: w**2 * variances[f] for f, w in weights.items()})[2]
     cross = data[:k, k:]
 
     def penalty(f):
@@ -299,22 +333,32 @@ def at_roundoff(sigma: float, batch: Batch) -> bool:
     return sigma <= ROUNDOFF_STEPS * float(np.finfo(np.float32).eps) * data_rms(batch)
 
 
-def known_sigma(noise: Mapping[str, Any] | None) -> float | None:
+def known_sigma(noise: Mapping[str, Any] | None,
+                fields: Sequence[str] | None = None) -> float | dict[str, float] | None:
     """The noise level a dataset records, where it is the additive noise the covariance
-    assumes (relative noise is not: its variance changes from value to value)."""
+    assumes (relative noise is not: its variance changes from value to value): one number,
+    or per field (of ``fields``, all of which it must name) where it records one per field."""
     if not noise or noise.get("kind") != "additive":
         return None
-    return float(noise["sigma"])
+    sigma = noise["sigma"]
+    if not isinstance(sigma, Mapping):
+        return float(sigma)
+    if fields is None or any(f not in sigma for f in fields):
+        return None
+    return {f: float(sigma[f]) for f in fields}
 
 
-def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None = None,
-             rcond: float | None = None, parts: CurvatureParts | None = None,
+def estimate(problem: FitProblem, theta: Any, batch: Batch,
+             sigma: float | Mapping[str, float] | None = None, rcond: float | None = None,
+             parts: CurvatureParts | None = None, source: str = "dataset",
              ) -> dict[str, Any]:
     """The ``uncertainty`` block of summary.json at the optimum ``theta``: noise level and its
     source, degrees of freedom, condition number, near-singular directions and per fitted
     scalar its std error and 95 % interval (physical units). ``sigma``: the known noise level
-    (None: estimated from the residual); ``parts``: :func:`curvature_parts` at ``theta``
-    where already computed."""
+    (None: estimated from the residual; per field: their reference level
+    :func:`reference_variance`, the relative levels being the loss's); ``source`` says where a
+    known level comes from; ``parts``: :func:`curvature_parts` at ``theta`` where already
+    computed."""
     reason = unavailable_reason(problem)
     if reason is not None:
         return {"available": False, "reason": reason}
@@ -330,7 +374,8 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
         sigma2, source = parts.rss / dof, "residual"
         quantile = float(stats.t.ppf(0.5 + LEVEL / 2, dof))
     else:
-        sigma2, source = sigma**2, "dataset"
+        sigma2 = (reference_variance(sigma) if isinstance(sigma, Mapping)
+                  else float(sigma)**2)
         quantile = float(stats.norm.ppf(0.5 + LEVEL / 2))
     inverse, directions, condition, ratios = pseudo_inverse(parts.bread, rcond)
     cov = sigma2 * inverse @ parts.meat @ inverse
@@ -348,6 +393,7 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
                                     None if roundoff else step)
     return {
         "available": True, "level": LEVEL, "sigma": math.sqrt(sigma2), "sigma_source": source,
+        "sigma_per_field": _levels(problem, sigma, sigma2),
         "residual_at_roundoff": roundoff, "note": ROUNDOFF_NOTE if roundoff else None,
         "n_values": n_values, "n_parameters": p, "dof": dof, "rss": parts.rss,
         "quantile": quantile, "condition_number": condition if math.isfinite(condition)
@@ -359,3 +405,14 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch, sigma: float | None 
         "copied_initial_values": copied_values(problem, theta, batch),
         "initial_state_noise": parts.initial_noise,
     }
+
+
+def _levels(problem: FitProblem, sigma: Any, sigma2: float) -> dict[str, float] | None:
+    """σ_f per observed field where the fields' levels differ (None where one σ holds for
+    all): the known levels, or the reference level scaled by the loss's relative levels."""
+    variances = relative_variances(problem)
+    if isinstance(sigma, Mapping) and len(set(sigma.values())) > 1:
+        return {f: float(v) for f, v in sigma.items()}
+    if isinstance(sigma, Mapping) or all(v == 1.0 for v in variances.values()):
+        return None
+    return {f: math.sqrt(sigma2 * v) for f, v in variances.items()}

@@ -4,7 +4,9 @@ The optimiser works on unconstrained values ``z``; the physics sees physical val
 - ``identity``: p = scale · z (scale brings the value to order one);
 - ``log``:      p = exp(z), for positive quantities that span decades;
 - ``bounded``:  p = lower + (upper − lower) · sigmoid(z), for quantities with hard limits.
-Bounds of identity/log parameters are enforced on the starting values (an error, not a clip).
+Bounds of identity/log parameters are enforced on the starting values (an error, not a clip)
+and, during a fit, by the step control (:func:`ParamSpec.unconstrained_bounds`: the optimiser's
+steps are projected onto them, pdefit.fitting.optimisers).
 
 Parameters are scalars unless their spec has a ``shape`` (e.g. a force field on space–time
 nodes); the transform then applies elementwise and a scalar value means "that value
@@ -81,14 +83,28 @@ class ParamSpec:
 
     def valid(self, values: np.ndarray) -> np.ndarray:
         """Elementwise: finite, > 0 under a log transform, and inside the bounds (strictly
-        for the log and bounded transforms, whose unconstrained value is infinite there)."""
+        for the bounded transform, whose unconstrained value is infinite there; a log
+        parameter may sit on a finite positive bound, where a fit's step control may have
+        left it)."""
         values = np.asarray(values, np.float64)
         ok = np.isfinite(values)
         if self.transform == "log":
             ok &= values > 0
-        if self.transform in ("bounded", "log"):
+        if self.transform == "bounded":
             return ok & (values > self.lower) & (values < self.upper)
         return ok & (values >= self.lower) & (values <= self.upper)
+
+    def unconstrained_bounds(self) -> tuple[float, float]:
+        """(lower, upper) of the unconstrained value that keep the physical value inside
+        [lower, upper]: ±inf where a side is open (and for the bounded transform, whose
+        sigmoid never reaches its bounds)."""
+        if self.transform == "bounded":
+            return -math.inf, math.inf
+        if self.transform == "log":
+            return (math.log(self.lower) if self.lower > 0 else -math.inf,
+                    math.log(self.upper) if math.isfinite(self.upper) else math.inf)
+        ends = sorted((self.lower / self.scale, self.upper / self.scale))
+        return ends[0], ends[1]
 
     def check(self, name: str, value: Any) -> None:
         """Raise if ``value`` (a scalar, or an array of values) is not a valid physical value

@@ -68,3 +68,49 @@ class Grid:
         lead = [(0, 0)] * (u.ndim - 2)
         u = jnp.pad(u, [*lead, (width, width), (0, 0)], mode=_PAD_MODE[self.boundaries[0]])
         return jnp.pad(u, [*lead, (0, 0), (width, width)], mode=_PAD_MODE[self.boundaries[1]])
+
+    # -- global operations: rows (a spectral transform over latitude sums over every row) --
+    # On one device the grid holds every row; a tile of a mesh split along y holds a band.
+
+    @property
+    def global_shape(self) -> tuple[int, int]:
+        """The shape of the whole grid (this one; a tile's is larger than its own)."""
+        return self.shape
+
+    def row_offset(self) -> int:
+        """The index in the whole grid of this block's first row."""
+        return 0
+
+    def sum_over_rows(self, a: jnp.ndarray) -> jnp.ndarray:
+        """The sum over the blocks that hold the rows of per-block partial sums ``a``."""
+        return a
+
+    # -- global operations: reductions and pencil transposes (a spectral solve on the grid) --
+    # One device holds the whole grid: every reduction is the block's own, every axis whole.
+
+    def global_max(self, a: jnp.ndarray) -> jnp.ndarray:
+        """The largest of every block's ``a`` (a per-block maximum), elementwise."""
+        return a
+
+    def global_sum(self, a: jnp.ndarray) -> jnp.ndarray:
+        """The sum of every block's ``a`` (a per-block partial sum), elementwise."""
+        return a
+
+    def to_whole(self, a: jnp.ndarray, axis: int) -> jnp.ndarray:
+        """``a`` (this block) rearranged so that grid axis ``axis`` (−2 or −1) is whole on
+        every device and the other one split: a pencil for a transform along ``axis``."""
+        return a
+
+    def from_whole(self, a: jnp.ndarray, axis: int) -> jnp.ndarray:
+        """The inverse of :meth:`to_whole`: a pencil whole along ``axis`` back to blocks."""
+        return a
+
+    def swap_whole(self, a: jnp.ndarray, axis: int, back: bool = False) -> jnp.ndarray:
+        """A pencil whole along ``axis`` (from :meth:`to_whole`) rearranged to be whole along
+        the other axis, ``axis`` split over every device; ``back``: the inverse."""
+        return a
+
+    def swapped_part(self, table: jnp.ndarray, axis: int) -> jnp.ndarray:
+        """The part of ``table`` (an array of the whole grid's shape) that lies where this
+        device's :meth:`swap_whole` pencil lies (for a diagonal operator on it)."""
+        return table

@@ -18,6 +18,14 @@ nlat ≥ (3L + 1)/2 and nlon ≥ 3L + 1 (the quadratic grid, equivalent to the 2
 
 The Legendre tables are built once per size in numpy (float64, by the standard stable
 three-term recurrence) and cached, so jitted code closes over constants.
+
+Split over latitude: a transform given a ``block`` (a tile of a device mesh split along the
+rows, or any grid with ``shape``, ``global_shape``, ``row_offset()`` and ``sum_over_rows(a)``)
+works on fields holding only that block's band of rows. Synthesis evaluates the band's rows;
+analysis forms the band's partial quadrature sum and adds the other bands' with
+``block.sum_over_rows`` (a collective sum on a mesh). The Fourier transform along longitude is
+local, so longitude must not be split. Without a block (or with the whole grid) every row is
+held and nothing is summed across blocks.
 """
 
 from __future__ import annotations
@@ -106,6 +114,16 @@ def tables(nlat: int, nlon: int, lmax: int) -> Tables:
                   dlegendre=dlegendre)
 
 
+def held_rows(values: np.ndarray, block: Any, dtype: Any, axis: int = -1) -> jnp.ndarray:
+    """A per-latitude constant (one entry per row of the whole grid along ``axis``) as a
+    ``dtype`` array, cut to the band of rows ``block`` holds (all of it for None or the whole
+    grid; see the module docstring)."""
+    const = jnp.asarray(values, dtype)
+    if block is None or block.shape[0] == const.shape[axis]:
+        return const
+    return jax.lax.dynamic_slice_in_dim(const, block.row_offset(), block.shape[0], axis)
+
+
 def _real(dtype: Any) -> Any:
     return jnp.finfo(dtype).dtype if jnp.issubdtype(dtype, jnp.complexfloating) else dtype
 
@@ -128,10 +146,21 @@ class SphericalTransform:
     nlat: int
     nlon: int
     lmax: int = 0
+    # The block of rows the fields hold (see the module docstring); None: every row.
+    block: Any = None
 
     def __post_init__(self) -> None:
         if self.lmax == 0:
             object.__setattr__(self, "lmax", quadratic_truncation(self.nlat, self.nlon))
+        if self.block is not None:
+            if tuple(self.block.global_shape) != (self.nlat, self.nlon):
+                raise ValueError(f"a block of the grid {list(self.block.global_shape)} does not "
+                                 f"belong to a {self.nlat}×{self.nlon} transform")
+            if self.block.shape[1] != self.nlon:
+                raise ValueError("spherical transforms split latitude only: a block must hold "
+                                 f"all {self.nlon} longitudes, not {self.block.shape[1]}")
+            if tuple(self.block.shape) == (self.nlat, self.nlon):
+                object.__setattr__(self, "block", None)  # the whole grid: nothing to split
         if self.lmax < 1:
             raise ValueError(f"a {self.nlat}×{self.nlon} Gaussian grid resolves no degree ≥ 1; "
                              "use nlat ≥ 2 and nlon ≥ 4")
@@ -167,24 +196,49 @@ class SphericalTransform:
     def _const(self, table: np.ndarray, like: Any) -> jnp.ndarray:
         return jnp.asarray(table, _real(jnp.result_type(like)))
 
+    # -- the rows held ---------------------------------------------------------------------------
+
+    @property
+    def rows(self) -> int:
+        """How many rows (latitudes) the fields hold: nlat, or the block's band."""
+        return self.nlat if self.block is None else self.block.shape[0]
+
+    def held_rows(self, table: np.ndarray, like: Any, axis: int = -1) -> jnp.ndarray:
+        """A per-latitude constant (nlat long along ``axis``) in the real dtype of ``like``,
+        cut to the rows the fields hold."""
+        return held_rows(table, self.block, _real(jnp.result_type(like)), axis)
+
+    def sum_over_rows(self, partial: Any) -> Any:
+        """A quadrature sum over the rows held, completed with the other blocks' sums."""
+        return partial if self.block is None else self.block.sum_over_rows(partial)
+
+    def sin_theta(self, like: Any) -> jnp.ndarray:
+        """sin θ of the rows held, as a column (rows, 1)."""
+        return self.held_rows(np.sin(self.tables.theta)[:, None], like, axis=0)
+
     # -- transforms ------------------------------------------------------------------------------
 
     def fourier(self, f: Any) -> jnp.ndarray:
         """c_m(μ_i) with f = Σ_m c_m e^{imφ}, m = 0..L: (..., nlat, M)."""
         return jnp.fft.rfft(f, axis=-1)[..., : self.lmax + 1] / self.nlon
 
-    def legendre_analysis(self, c: Any, table: np.ndarray | None = None) -> jnp.ndarray:
-        """a_lm = Σ_i w_i c_m(μ_i) T_l^m(μ_i) for Fourier coefficients c (..., nlat, M)."""
+    def legendre_partial(self, c: Any, table: np.ndarray | None = None) -> jnp.ndarray:
+        """Σ_i w_i c_m(μ_i) T_l^m(μ_i) over the rows held, for Fourier coefficients c
+        (..., rows, M): the analysis before the other blocks' sums are added."""
         t = self.tables
         table = t.legendre if table is None else table
-        return real_table_einsum("...im,mli->...ml", c, self._const(table * t.weights, c))
+        return real_table_einsum("...im,mli->...ml", c, self.held_rows(table * t.weights, c))
+
+    def legendre_analysis(self, c: Any, table: np.ndarray | None = None) -> jnp.ndarray:
+        """a_lm = Σ_i w_i c_m(μ_i) T_l^m(μ_i) for Fourier coefficients c (..., nlat, M)."""
+        return self.sum_over_rows(self.legendre_partial(c, table))
 
     def analysis(self, f: Any) -> jnp.ndarray:
         """Grid (..., nlat, nlon) → coefficients (..., M, L + 1)."""
         return self.legendre_analysis(self.fourier(f))
 
     def _synthesise(self, a: Any, table: np.ndarray) -> jnp.ndarray:
-        c = real_table_einsum("...ml,mli->...im", a, self._const(table, a))
+        c = real_table_einsum("...ml,mli->...im", a, self.held_rows(table, a))
         pad = self.nlon // 2 + 1 - c.shape[-1]
         c = jnp.pad(c, [(0, 0)] * (c.ndim - 1) + [(0, pad)])
         return jnp.fft.irfft(c * self.nlon, n=self.nlon, axis=-1)
@@ -199,8 +253,7 @@ class SphericalTransform:
 
     def synthesis_dtheta(self, a: Any) -> jnp.ndarray:
         """∂f/∂θ on the grid (the Gauss nodes avoid the poles, so sin θ > 0)."""
-        sin = jnp.asarray(np.sin(self.tables.theta)[:, None], _real(jnp.result_type(a)))
-        return -self.synthesis_dmu(a) / sin
+        return -self.synthesis_dmu(a) / self.sin_theta(a)
 
     def synthesis_dphi(self, a: Any) -> jnp.ndarray:
         """∂f/∂φ on the grid."""
@@ -234,12 +287,12 @@ class SphericalTransform:
 
     def rotated_gradient(self, a: Any, radius: Any = 1.0) -> tuple[jnp.ndarray, jnp.ndarray]:
         """r̂ × ∇ψ for ψ with coefficients a: (u_θ, u_φ) = (−∂φψ/(R sin θ), ∂θψ/R)."""
-        sin = jnp.asarray(np.sin(self.tables.theta)[:, None], _real(jnp.result_type(a)))
+        sin = self.sin_theta(a)
         return -self.synthesis_dphi(a) / (radius * sin), self.synthesis_dtheta(a) / radius
 
     def gradient(self, a: Any, radius: Any = 1.0) -> tuple[jnp.ndarray, jnp.ndarray]:
         """∇f = (∂θf/R, ∂φf/(R sin θ))."""
-        sin = jnp.asarray(np.sin(self.tables.theta)[:, None], _real(jnp.result_type(a)))
+        sin = self.sin_theta(a)
         return self.synthesis_dtheta(a) / radius, self.synthesis_dphi(a) / (radius * sin)
 
     def curl_analysis(self, f_theta: Any, f_phi: Any, radius: Any = 1.0) -> jnp.ndarray:
@@ -252,14 +305,14 @@ class SphericalTransform:
             curl_lm = −(1/R) Σ_i w_i [i m B_m P̄_l^m − A_m (1 − μ²) dP̄_l^m/dμ] / (1 − μ_i²).
 
         Exact when F is band-limited (e.g. F = r̂ × ∇χ + ∇ξ with χ, ξ of degree ≤ L)."""
-        t = self.tables
-        sin = np.sin(t.theta)[:, None]
         real = _real(jnp.result_type(f_theta, f_phi))
-        over = jnp.asarray(1.0 / sin, real)  # B/(1 − μ²) = F_θ/sin θ, A/(1 − μ²) = F_φ/sin θ
+        # B/(1 − μ²) = F_θ/sin θ, A/(1 − μ²) = F_φ/sin θ
+        over = self.held_rows(1.0 / np.sin(self.tables.theta)[:, None], real, axis=0)
         b, a = self.fourier(jnp.stack([f_theta * over, f_phi * over]))  # one FFT for both
         m = jnp.asarray(np.arange(self.lmax + 1), real)
-        curl = (self.legendre_analysis(1j * m * b)
-                - self.legendre_analysis(a, t.dlegendre))
+        # Both partial sums first: one sum across blocks.
+        curl = self.sum_over_rows(self.legendre_partial(1j * m * b)
+                                  - self.legendre_partial(a, self.tables.dlegendre))
         return -curl / radius
 
     def divergence_analysis(self, f_theta: Any, f_phi: Any, radius: Any = 1.0) -> jnp.ndarray:

@@ -56,6 +56,106 @@ class TileGrid:
         u = _pad_axis(u, -1, width, "x", self.devices[1], self.grid.boundaries[1])
         return _pad_axis(u, -2, width, "y", self.devices[0], self.grid.boundaries[0])
 
+    # -- global operations: rows (a spectral transform over latitude sums over every row) --
+    # The tile holds the band of rows [row_offset, row_offset + shape[0]) of the whole grid.
+
+    @property
+    def global_shape(self) -> tuple[int, int]:
+        """The shape of the whole grid."""
+        return self.grid.shape
+
+    def row_offset(self) -> Any:
+        """The index in the whole grid of this tile's first row (traced: the device's index
+        along ``y`` times the rows per tile)."""
+        if self.devices[0] == 1:
+            return 0
+        return jax.lax.axis_index("y") * self.shape[0]
+
+    def sum_over_rows(self, a: jnp.ndarray) -> jnp.ndarray:
+        """The sum of every tile's partial sum ``a`` over the tiles along ``y`` (the tiles of
+        one column hold all rows)."""
+        return a if self.devices[0] == 1 else jax.lax.psum(a, "y")
+
+    # -- global operations: reductions and pencil transposes (a spectral solve on the grid) --
+    # A pencil whole along x splits each tile's rows over the devices of its mesh row (an
+    # all-to-all over "x"); one whole along y splits its columns over its mesh column;
+    # swap_whole turns one into the other over all devices (an all-to-all over both axes).
+
+    def global_max(self, a: jnp.ndarray) -> jnp.ndarray:
+        """The largest of every tile's ``a`` (a per-tile maximum), elementwise."""
+        return jax.lax.pmax(a, ("y", "x"))
+
+    def global_sum(self, a: jnp.ndarray) -> jnp.ndarray:
+        """The sum of every tile's ``a`` (a per-tile partial sum), elementwise."""
+        return jax.lax.psum(a, ("y", "x"))
+
+    def to_whole(self, a: jnp.ndarray, axis: int) -> jnp.ndarray:
+        """This tile rearranged so that grid axis ``axis`` (−2 or −1) is whole: the other
+        axis of the tiles along ``axis`` split over them (one all-to-all). A ValueError
+        where it does not split evenly (raised while tracing, before any work)."""
+        name, n_dev, other = self._pencil(axis)
+        if n_dev == 1:
+            return a
+        return jax.lax.all_to_all(a, name, a.ndim + other, a.ndim + axis, tiled=True)
+
+    def from_whole(self, a: jnp.ndarray, axis: int) -> jnp.ndarray:
+        """The inverse of :meth:`to_whole`: a pencil whole along ``axis`` back to tiles."""
+        name, n_dev, other = self._pencil(axis)
+        if n_dev == 1:
+            return a
+        return jax.lax.all_to_all(a, name, a.ndim + axis, a.ndim + other, tiled=True)
+
+    def swap_whole(self, a: jnp.ndarray, axis: int, back: bool = False) -> jnp.ndarray:
+        """A pencil whole along ``axis`` (from :meth:`to_whole`) rearranged to be whole along
+        the other axis, ``axis`` split over every device (one all-to-all over both mesh
+        axes); ``back``: the inverse. The pencil's blocks of the other axis are numbered
+        like the devices over both mesh axes, the mesh axis along ``axis`` last, so the
+        blocks arrive in order."""
+        names, n_dev = self._swap(axis)
+        if n_dev == 1:
+            return a
+        split, concat = a.ndim + axis, a.ndim - 3 - axis
+        if back:
+            split, concat = concat, split
+        return jax.lax.all_to_all(a, names, split, concat, tiled=True)
+
+    def swapped_part(self, table: jnp.ndarray, axis: int) -> jnp.ndarray:
+        """The part of ``table`` (of the whole grid's shape) where this device's
+        :meth:`swap_whole` pencil lies: all of the other axis, its block of ``axis``."""
+        names, n_dev = self._swap(axis)
+        table = jnp.asarray(table)
+        if n_dev == 1:
+            return table
+        size = self.grid.shape[axis] // n_dev
+        return jax.lax.dynamic_slice_in_dim(table, jax.lax.axis_index(names) * size, size,
+                                            axis=table.ndim + axis)
+
+    def _swap(self, axis: int) -> tuple[tuple[str, str], int]:
+        """(both mesh axes, that along ``axis`` last; their devices), checked to split."""
+        name, _, _ = self._pencil(axis)
+        names = ("x", "y") if name == "y" else ("y", "x")
+        n_dev = self.devices[0] * self.devices[1]
+        if self.grid.shape[axis] % n_dev:
+            raise ValueError(
+                f"grid axis {'yx'[axis + 2]} of {self.grid.shape[axis]} cells cannot be split "
+                f"over all {n_dev} devices of the mesh for a transform along the other axis; "
+                "choose a mesh whose tiles split so (e.g. powers of two on a power-of-two grid)")
+        return names, n_dev
+
+    def _pencil(self, axis: int) -> tuple[str, int, int]:
+        """(mesh axis along ``axis``, its devices, the other grid axis), checked to split."""
+        if axis not in (-2, -1):
+            raise ValueError(f"a pencil is whole along grid axis -2 or -1, not {axis}")
+        name, other = ("y", -1) if axis == -2 else ("x", -2)
+        n_dev = self.devices[axis + 2]
+        if self.shape[other] % n_dev:
+            raise ValueError(
+                f"tiles of {list(self.shape)} cells cannot be transposed whole along grid "
+                f"axis {'yx'[axis + 2]}: their {self.shape[other]} cells along {'yx'[other + 2]}"
+                f" do not split over the {n_dev} devices of mesh axis {name!r}; choose a mesh "
+                "whose tiles split so (e.g. powers of two on a power-of-two grid)")
+        return name, n_dev, other
+
 
 def _take(u: jnp.ndarray, axis: int, start: int, stop: int | None) -> jnp.ndarray:
     index = [slice(None)] * u.ndim
