@@ -52,6 +52,13 @@ DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "pre
                "c64": 8, "c128": 16}
 
 
+
+def with_overheads(row: dict, first: dict) -> dict:
+    """``row`` with its forward and gradient times as multiples of ``first``'s (one device)."""
+    row["forward_overhead"] = row["forward_step_ms"] / first["forward_step_ms"]
+    row["gradient_overhead"] = row["gradient_step_ms"] / first["gradient_step_ms"]
+    return row
+
 def halo_bytes(hlo_text: str) -> int:
     """Total bytes moved by the collective-permutes of one program body."""
     total = 0
@@ -201,10 +208,7 @@ def run_rayleigh_benard(args) -> None:
             if int(np.prod([int(k) for k in mesh_name.split("x")])) > jax.device_count():
                 continue
             row = rb_timing_row(nz, mesh_name, args, dtype)
-            first = base.setdefault(nz, row)
-            row["forward_overhead"] = row["forward_step_ms"] / first["forward_step_ms"]
-            row["gradient_overhead"] = row["gradient_step_ms"] / first["gradient_step_ms"]
-            rows.append(row)
+            rows.append(with_overheads(row, base.setdefault(nz, row)))
             print(f"{nz}×{4 * nz} {mesh_name:>4}: {row['forward_steps_per_s']:8.1f} steps/s "
                   f"(×{row['forward_overhead']:.2f}), gradient {row['gradient_s']:.3f} s "
                   f"(×{row['gradient_overhead']:.2f}), all-to-all "
@@ -258,7 +262,7 @@ def main() -> None:
     if args.system == "sphere_ns":  # the sphere over latitude: benchmarks/sharding_sphere.py
         from benchmarks.sharding_sphere import run_sphere
 
-        run_sphere(args, (build_case, timed, collective_bytes))
+        run_sphere(args, (build_case, timed, collective_bytes, with_overheads))
         return
     if args.system == "rayleigh_benard":
         run_rayleigh_benard(args)
@@ -289,11 +293,8 @@ def main() -> None:
                 "tile_cells": n * n // int(np.prod(shape)),
                 "compile_forward_s": f_first - f_best, "compile_gradient_s": g_first - g_best,
             }
-            if base is None:
-                base = row
-            row["forward_overhead"] = row["forward_step_ms"] / base["forward_step_ms"]
-            row["gradient_overhead"] = row["gradient_step_ms"] / base["gradient_step_ms"]
-            rows.append(row)
+            base = base or row
+            rows.append(with_overheads(row, base))
             print(f"{n:>5}² {mesh_name:>5}: forward {row['forward_step_ms']:8.3f} ms/step "
                   f"(×{row['forward_overhead']:.2f}), gradient {row['gradient_step_ms']:8.3f} "
                   f"ms/step (×{row['gradient_overhead']:.2f}), halo "

@@ -42,7 +42,7 @@ def sphere_build(nlat: int, mesh_shape, n_steps: int, snapshots: int, dtype, bui
 
 
 def sphere_row(nlat: int, mesh_name: str, args, dtype, helpers) -> dict:
-    build_case, timed, collective_bytes = helpers
+    build_case, timed, collective_bytes = helpers[:3]
     shape = tuple(int(k) for k in mesh_name.split("x"))
     forward, gradient, fargs, gargs = sphere_build(nlat, shape, args.steps, args.snapshots,
                                                    dtype, build_case)
@@ -64,6 +64,7 @@ def sphere_row(nlat: int, mesh_name: str, args, dtype, helpers) -> dict:
 def run_sphere(args, helpers) -> None:
     """Forward and gradient timings of the sphere on latitude meshes; a table and JSON."""
     dtype = jnp.dtype(args.dtype)
+    with_overheads = helpers[3]
     sizes = args.sizes or ([32] if args.quick else [64, 128])
     meshes = args.meshes or SPHERE_MESHES
     args.steps = args.steps or (10 if args.quick else 40)
@@ -74,10 +75,7 @@ def run_sphere(args, helpers) -> None:
             if math.prod(shape) > jax.device_count() or nlat % shape[0]:
                 continue
             row = sphere_row(nlat, mesh_name, args, dtype, helpers)
-            first = base.setdefault(nlat, row)
-            row["forward_overhead"] = row["forward_step_ms"] / first["forward_step_ms"]
-            row["gradient_overhead"] = row["gradient_step_ms"] / first["gradient_step_ms"]
-            rows.append(row)
+            rows.append(with_overheads(row, base.setdefault(nlat, row)))
             print(f"{nlat}×{2 * nlat} {mesh_name:>4}: forward {row['forward_step_ms']:.3f} ms/step"
                   f" (×{row['forward_overhead']:.2f}), gradient {row['gradient_step_ms']:.3f} "
                   f"ms/step (×{row['gradient_overhead']:.2f})", flush=True)
