@@ -80,7 +80,17 @@ def check_fit_against_system(cfg: FitConfig) -> System:
 
     check_host_memory(cfg.system, system, cfg.precision, _states_needed(cfg),
                       _experiments(cfg), jax.process_count())
+    _hooks(cfg.system, system)  # after the memory check: a hook may need concrete values
     return system
+
+
+def _hooks(system_cfg: SystemConfig, system: System) -> None:
+    """The integrator, the time step's stability and the system's hooks (fields, shapes,
+    dtypes: :func:`pdefit.model.system.check_system_on`) on the fit's grid, before anything
+    is simulated; the assembly checks them again (cached) for the Python API."""
+    grid = assemble.make_grid(system_cfg)
+    params = assemble.system_params(system, system_cfg.params)
+    assemble.check_dynamics(system, params, grid, system_cfg)
 
 
 def check_simulation_against_system(cfg: SimulateMainConfig) -> None:
