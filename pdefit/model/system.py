@@ -46,6 +46,7 @@ user's system), which :func:`get_system` finds again.
 from __future__ import annotations
 
 import importlib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -136,6 +137,11 @@ def get_system(name: str, **options: Any) -> System:
     return system
 
 
+# The largest grid (cells) on which a hook that cannot be traced on shapes is computed to be
+# checked.
+COMPUTED_CHECK_CELLS = 1 << 12
+
+
 class SystemCheckError(ValueError):
     """A system's hook breaks the contract of :class:`System` (a missing field in what ``rhs``
     returns, a parameter that is not a :class:`~pdefit.model.params.ParamSpec`, an initial
@@ -211,9 +217,14 @@ def check_system_on(system: System, grid: Grid, params: Mapping[str, Any], seed:
     if key in _CHECKED_ON:
         return
     who, shape = _who(system), tuple(grid.shape)
+    # An initial state that cannot be traced on shapes (one that spins up with Python control
+    # flow) is computed, but only on a small grid: on a large one that could cost the whole
+    # spin-up again, and the simulation computes it anyway.
     initial = _hook_shapes(system, "initial_state",
-                           lambda: system.initial_state(grid, dict(params), seed))
-    _check_fields(who, "initial_state", initial, system.fields, shape, None)
+                           lambda: system.initial_state(grid, dict(params), seed),
+                           compute=math.prod(shape) <= COMPUTED_CHECK_CELLS)
+    if initial is not None:
+        _check_fields(who, "initial_state", initial, system.fields, shape, None)
     state = {f: jax.ShapeDtypeStruct(shape, dtype) for f in system.fields}
     values = {k: jax.ShapeDtypeStruct(np.shape(v), dtype) for k, v in params.items()}
     time = jax.ShapeDtypeStruct((), dtype)
@@ -229,7 +240,8 @@ def check_system_on(system: System, grid: Grid, params: Mapping[str, Any], seed:
     _CHECKED_ON.add(key)
 
 
-def _hook_shapes(system: System, hook: str, call: Callable[[], Any]) -> Any:
+def _hook_shapes(system: System, hook: str, call: Callable[[], Any],
+                 compute: bool = True) -> Any:
     """What ``call`` (a hook's call) returns, as shapes: traced abstractly where the hook
     allows, else (a hook that needs concrete values) computed. A failure other than the
     system's own ValueError becomes a :class:`SystemCheckError` naming the hook."""
@@ -237,6 +249,8 @@ def _hook_shapes(system: System, hook: str, call: Callable[[], Any]) -> Any:
         try:
             return jax.eval_shape(call)
         except jax.errors.JAXTypeError:
+            if not compute:
+                return None  # not traceable and too large to compute for a check
             return jax.tree.map(lambda v: jax.ShapeDtypeStruct(
                 np.shape(v), v.dtype if hasattr(v, "dtype") else np.result_type(v)), call())
     except SystemCheckError:
