@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -277,13 +276,9 @@ def _system_reference(system: System | str) -> tuple[str, dict[str, Any]]:
     its class's import path; the options are its dataclass fields."""
     if isinstance(system, str):
         return system, {}
-    cls = type(system)
-    builtin = getattr(importlib.import_module("pdefit.systems"), "REGISTRY", {})
-    name = (system.name if builtin.get(system.name) is cls
-            else f"{cls.__module__}:{cls.__qualname__}")
     options = ({f.name: getattr(system, f.name) for f in dataclasses.fields(system) if f.init}
                if dataclasses.is_dataclass(system) else {})
-    return name, options
+    return system_reference(system), options
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,11 @@ reports is :mod:`pdefit.app.fit_report`.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -397,15 +399,32 @@ def fit_main(cfg: DictConfig) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def gradcheck(cfg: FitConfig | DictConfig) -> list[dict[str, float]]:
-    """Taylor test of the configured problem's gradient at its starting point (``cfg``:
-    typed options; a composed config is converted first)."""
-    cfg = as_options(cfg)
-    cfg = from_dataset.complete(cfg)  # the dataset's grid, a named system's own defaults
+class CommandRun(NamedTuple):
+    """A command's completed options, precision and locked run directory."""
+
+    cfg: FitConfig
+    dtype: Any
+    out: Path
+
+
+@contextlib.contextmanager
+def _command_run(cfg: FitConfig) -> Iterator[CommandRun]:
+    """The start-up of a command that works in a run directory (gradcheck, rank): the
+    dataset's grid and a named system's own defaults, the precision, the run directory
+    locked for the command's life, and its record written."""
+    cfg = from_dataset.complete(cfg)
     dtype = assemble.set_precision(cfg.precision)
     out = output_dir(cfg)
     with lock_run_dir(out):
         open_run_record(out, cfg)
+        yield CommandRun(cfg, dtype, out)
+
+
+def gradcheck(cfg: FitConfig | DictConfig) -> list[dict[str, float]]:
+    """Taylor test of the configured problem's gradient at its starting point (``cfg``:
+    typed options; a composed config is converted first)."""
+    cfg = as_options(cfg)
+    with _command_run(cfg) as (cfg, dtype, out):
         setup = assemble.build_fit(cfg, _dataset_for(cfg, out, dtype), dtype)
         loss = jax.jit(setup.problem.loss)
         grad = jax.jit(jax.grad(setup.problem.loss))
@@ -442,11 +461,7 @@ def rank(cfg: FitConfig | DictConfig) -> list[dict[str, Any]]:
     experiment's seed) moves when each is multiplied by ``rank.factor`` (``cfg``: typed
     options; a composed config is converted first)."""
     cfg = as_options(cfg)
-    cfg = from_dataset.complete(cfg)  # the dataset's grid, a named system's own defaults
-    dtype = assemble.set_precision(cfg.precision)
-    out = output_dir(cfg)
-    with lock_run_dir(out):
-        open_run_record(out, cfg)
+    with _command_run(cfg) as (cfg, dtype, out):
         system, grid = assemble.make_system(cfg.system), assemble.make_grid(cfg.system)
         params = assemble.system_params(system, cfg.system.params)
         assemble.check_dynamics(system, params, grid, cfg.system)

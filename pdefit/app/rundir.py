@@ -48,8 +48,8 @@ import numpy as np
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from pdefit import data as zd
 from pdefit.app.config import plain, to_yaml
-from pdefit.data import FORMAT
 from pdefit.fitting.train import resume_mismatch
 from pdefit.options import ConfigError, FitConfig, SimulateMainConfig
 from pdefit.runtime.checkpoint import CHECKPOINT_DIR, write_json_atomic
@@ -344,15 +344,6 @@ def _dataset_digest(path: Path) -> str | None:
         return None
 
 
-def is_pdefit_dataset(path: Path) -> bool:
-    """Whether ``path`` is a directory holding a Zarr group marked as a pdefit dataset."""
-    if path.is_symlink() or not path.is_dir():
-        return False
-    meta = _read_json(path / "zarr.json")
-    return meta.get("node_type") == "group" and (meta.get("attributes") or {}).get(
-        "format") == FORMAT
-
-
 def refuse_replacing(path: Path, key: str = "simulate.output") -> None:
     """``simulate.overwrite`` replaces only a pdefit dataset: not a file, a folder, a run
     directory, nor the current directory or one that contains it."""
@@ -361,7 +352,7 @@ def refuse_replacing(path: Path, key: str = "simulate.output") -> None:
             } if HydraConfig.initialized() else {Path.cwd().resolve()}
     if any(resolved == h or resolved in h.parents for h in here):
         what = "it is the current directory or contains it"
-    elif is_pdefit_dataset(path):
+    elif zd.is_pdefit_dataset(path):
         return
     else:
         what = ("a file" if where.is_file() else "a symbolic link" if where.is_symlink()
@@ -396,8 +387,6 @@ def _barrier(name: str) -> None:
 
 
 def _simulation_config(path: Path) -> dict[str, Any] | None:
-    from pdefit import data as zd
-
     try:
         provenance = zd.open_dataset(path).meta.provenance
     except Exception:  # unreadable: simulate again

@@ -207,7 +207,7 @@ def _check_target(target: Path, overwrite: bool) -> None:
     """Refuse an existing target that is not a pdefit dataset, or one without overwrite."""
     if not (target.exists() or target.is_symlink()):
         return
-    if target.is_symlink() or not is_pdefit_dataset(target):
+    if not is_pdefit_dataset(target):
         raise DatasetError(f"refusing to write {os.fspath(target)}: it exists and is not a "
                            "pdefit dataset; choose a new path")
     if not overwrite:

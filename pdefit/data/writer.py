@@ -207,7 +207,10 @@ def _mask_fields(meta: DatasetMeta, masks: bool | Sequence[str], where: str) -> 
 
 
 def is_pdefit_dataset(path: PathLike) -> bool:
-    """Whether ``path`` opens as a Zarr v3 group marked as a pdefit dataset."""
+    """Whether ``path`` opens as a Zarr v3 group marked as a pdefit dataset (not a symbolic
+    link: replacing one would replace what it points to)."""
+    if Path(path).is_symlink():
+        return False
     try:
         group = zarr.open_group(os.fspath(path), mode="r", zarr_format=3)
     except (OSError, zarr.errors.BaseZarrError):
