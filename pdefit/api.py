@@ -37,7 +37,7 @@ from pdefit import data as zd
 from pdefit.app.config import typed_options
 from pdefit.app.validate import validate_discretization_check
 from pdefit.fitting import assemble, discretization, multistart, outcome, synthetic
-from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
 from pdefit.model.system import System, made_by, system_reference
 from pdefit.model.system import get_system as _get_system
@@ -368,7 +368,7 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
             cfg, multistart.probe_length(cfg, None), log=log.info)
     problem = setup.problem
     check = _discretization_options(discretization_check, problem)
-    curvature = gauss_newton(problem) if cfg.name == LEVENBERG_MARQUARDT else None
+    curvature = curvature_for(problem) if cfg.name == LEVENBERG_MARQUARDT else None
     out = None if run_dir is None else Path(run_dir)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)

@@ -222,6 +222,14 @@ class OptimConfig:
     # bounds for max_steps_at_bound steps in a row; null disables either rule.
     divergence_factor: float | None = 1000.0
     max_steps_at_bound: int | None = 10
+    # Levenberg–Marquardt with fitted initial fields (pdefit.fitting.krylov): at most this
+    # many conjugate-gradient iterations per step, each one forward-tangent and one adjoint
+    # run, stopping early at this relative residual.
+    krylov_iterations: int = 20
+    krylov_rtol: float = 0.01
+    # Levenberg–Marquardt's damping λ at the start (relative to the scaling D): 1 takes a
+    # first step half as long as Gauss–Newton's, safer from a poor first guess of fields.
+    initial_damping: float = 1e-3
 
 
 @dataclass(frozen=True)
@@ -239,6 +247,11 @@ class RegularizationConfig:
     param_l2: dict[str, float] = field(default_factory=dict)  # per-parameter L2 weight
     smoothness: dict[str, float] = field(default_factory=dict)  # array parameter -> weight
     system: dict[str, float] = field(default_factory=dict)  # system.penalties(grid) name -> weight
+    # The prior of fitted initial fields (pdefit.fitting.problem.Regularization): the weight
+    # of the mean square of a field's distance from its first guess, and of the mean squared
+    # difference of neighbouring cells.
+    field_background: float = 0.0
+    field_smoothness: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,17 @@ class AlievPanfilov:
         dv = eps * (-v - k * u * (u - b - 1.0))
         return {"u": du, "v": dv}
 
+    def initial_guess(self, observed, params):
+        """A first guess of the recovery v from an observed u: on its nullcline
+        v = −k u (u − b − 1) where u is above the excitation threshold a, and 0 below it (at
+        rest; noise on a resting u would otherwise make v noise k(1 + b) times larger). Low
+        in a refractory tail; a fit corrects it."""
+        if "u" not in observed:
+            return {}
+        u = observed["u"]
+        nullcline = -params["k"] * u * (u - params["b"] - 1.0)
+        return {"v": jnp.where(u > params["a"], jnp.maximum(nullcline, 0.0), 0.0)}
+
     def max_stable_dt(self, params, grid: Grid) -> float:
         """Forward-Euler limit: diffusion plus the reaction Jacobian's largest rates, with
         r = k (b + 1)² / 4 bounding v in the recovered tissue (reference heuristic, safety 0.95)."""

@@ -321,6 +321,17 @@ class BOCF:
             out[name] = (y_inf - state[name]) / tau
         return out
 
+    def initial_guess(self, observed, params):
+        """A first guess of the gates from an observed u: each at its quasi-steady value for
+        that u (the target it relaxes to). Right in resting and in excited tissue, wrong in
+        a refractory tail, where the gates still recover; a fit corrects it."""
+        if "u" not in observed:
+            return {}
+        u = observed["u"]
+        rest = {"v": jnp.ones_like(u), "w": jnp.ones_like(u), "s": jnp.zeros_like(u)}
+        _, gates = self._currents({"u": u, **rest}, params)
+        return {name: target for name, (target, _) in gates.items()}
+
     def gates(self, state, params, t, grid: Grid):
         """Targets and time constants of v, w, s for Rush–Larsen (u takes a Euler step)."""
         return self._currents(state, params)[1]

@@ -37,7 +37,7 @@ def ap_state(grid: Grid, seed: int = 0, n_exp: int = 1):
 def ap_problem(shape=(12, 12), boundaries=("neumann", "neumann"), n_steps=40, every=5,
                fitted=("k", "a", "eps0", "mu1"), fit_fields=(), schedule=STORE_ALL,
                n_exp=1, integrator="euler", dtype=jnp.float64, observe=("u", "v"),
-               noise=0.0):
+               noise=0.0, noise_seed=1):
     """An AP problem with synthetic data from the true parameters; returns
     (problem, batch, theta_true, theta_start)."""
     system = AlievPanfilov()
@@ -51,7 +51,7 @@ def ap_problem(shape=(12, 12), boundaries=("neumann", "neumann"), n_steps=40, ev
     frames = jax.vmap(lambda s: simulate(step, s, params, 0.0, dt, n_steps, 1))(x0)
     values = {f: np.asarray(frames[f])[:, frame_steps] for f in observe}
     if noise:
-        rng = np.random.default_rng(1)
+        rng = np.random.default_rng(noise_seed)
         values = {f: v + noise * rng.standard_normal(v.shape) for f, v in values.items()}
     observation = Observation(tuple(observe))
     observed = observed_data(observation, values, {f: None for f in observe}, frame_steps,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pdefit.app.errors import one_line_errors
+from pdefit.app.errors import one_line, one_line_errors
 from pdefit.options import ConfigError
 from pdefit.runtime.signals import Preempted
 
@@ -51,6 +51,25 @@ def test_a_mistake_is_one_line_and_exit_2(tmp_path, override, message):
     line = error_line(command("pdefit-fit", *TINY, "run.dir=rd", override, cwd=tmp_path))
     assert message in line
     assert not (tmp_path / "rd" / "data.zarr").exists()  # refused before simulating
+
+
+def test_a_new_entry_of_a_composed_dict_is_named_with_its_plus_form():
+    """``fit.hold={...}`` with a key the experiment's fit.hold lacks: Hydra refuses the key
+    inside it; the line names it and how to add it, not "unknown key fit.hold"."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import ConfigCompositionException
+
+    from pdefit.app.config import register_configs
+
+    register_configs()
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base="1.3"), pytest.raises(
+            ConfigCompositionException) as err:
+        compose(config_name="fit", overrides=["experiment=bocf_recovery",
+                                              "fit.hold={u_so: 2, k_s: 3}"])
+    assert one_line(err.value) == (
+        "fit.hold: 'k_s' is not among its composed entries; add it as +fit.hold.k_s=<value> "
+        "(or give the whole value with ++fit.hold=...)")
 
 
 def test_traceback_on_request_and_simulate_refuses_one_frame(tmp_path):

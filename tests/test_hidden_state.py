@@ -74,10 +74,17 @@ def test_build_problem_takes_a_known_initial_state_only_when_told(tmp_path, ap_f
     # Known initial state (a twin experiment): the dataset's first frame of v.
     known = problem(both, observe=["u"], initial_fields={"v": "data"})
     np.testing.assert_array_equal(np.asarray(known.batch.initial["v"])[0], ap_frames["v"][0])
-    # Fitted: it starts from zero, never from the truth.
+    # Fitted: it starts from the system's first guess from the observed u (v on its
+    # nullcline above threshold), never from the truth; that guess is its prior's background.
     fitted = problem(both, observe=["u"], initial_fields={"v": "fit"})
     assert fitted.problem.fitted_fields == ("v",)
-    assert "v" not in fitted.batch.initial and not np.any(fitted.theta0["fields"]["v"])
+    start = np.asarray(fitted.theta0["fields"]["v"])[0]
+    system = fitted.problem.system
+    guess = system.initial_guess({"u": ap_frames["u"][0]},
+                                 fitted.problem.physical_params(fitted.theta0))["v"]
+    np.testing.assert_allclose(start, np.asarray(guess), rtol=1e-6)
+    assert "v" not in fitted.batch.initial and not np.allclose(start, ap_frames["v"][0])
+    np.testing.assert_array_equal(np.asarray(fitted.batch.background["v"]), start[None])
     only_u = recording(tmp_path / "u.zarr", {"u": ap_frames["u"]})
     with pytest.raises(ConfigError, match=r"fit.initial_fields.v=data: the dataset holds no "
                                           r"'v' .*fit.initial_fields.v=fit"):

@@ -51,7 +51,7 @@ from pdefit.app.validate import (
 )
 from pdefit.fitting import assemble, multistart
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
-from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.ranking import format_ranking, rank_parameters, write_ranking
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, TrainState, run_fit
 from pdefit.options import FitConfig, SimulateMainConfig
@@ -339,7 +339,7 @@ def _fit_stage(cfg: FitConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
     curvature = None
     if cfg.optim.name == LEVENBERG_MARQUARDT:
         try:
-            curvature = gauss_newton(problem)
+            curvature = curvature_for(problem)
         except ValueError as err:
             raise assemble.ConfigError(f"optim: {err}") from None
     return run_fit(problem.loss, setup.theta0 if theta0 is None else theta0, setup.batch,

@@ -37,7 +37,7 @@ from hydra.errors import CompactHydraException, MissingConfigException
 from hydra.types import RunMode
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from pdefit.app.config import raised_by_resolver, unknown_key_message
+from pdefit.app.config import raised_by_resolver, schema_keys, unknown_key_message
 from pdefit.data import DatasetError
 from pdefit.model.system import SystemCheckError, UnstableTimeStepError
 from pdefit.options import ConfigError, FitConfig
@@ -127,7 +127,14 @@ def _hydra_message(err: CompactHydraException, options: type) -> str:
     cause = err.__cause__
     override = re.search(r"Could not override '([^']+)'", str(err))
     if override is not None and isinstance(cause, ConfigKeyError | ConfigAttributeError):
-        return unknown_key_message(override.group(1), options)
+        key = override.group(1)
+        inner = re.search(r"Key '([^']+)' is not in struct", str(cause))
+        if inner is not None and key in schema_keys(options):
+            # A valid dict key given a whole new value with keys the composed one lacks.
+            new = inner.group(1)
+            return (f"{key}: '{new}' is not among its composed entries; add it as "
+                    f"+{key}.{new}=<value> (or give the whole value with ++{key}=...)")
+        return unknown_key_message(key, options)
     if isinstance(cause, OmegaConfBaseException):
         return _omegaconf_message(cause, options)
     if isinstance(err, MissingConfigException) and err.options:

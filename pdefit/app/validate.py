@@ -110,6 +110,10 @@ def validate_optim(cfg: OptimConfig) -> None:
                           f"{cfg.divergence_factor!r}")
     if cfg.max_steps_at_bound is not None:
         _at_least("optim.max_steps_at_bound", cfg.max_steps_at_bound, 1)
+    _at_least("optim.krylov_iterations", cfg.krylov_iterations, 1)
+    _positive("optim.initial_damping", cfg.initial_damping)
+    if not 0 < _number("optim.krylov_rtol", cfg.krylov_rtol) < 1:
+        raise ConfigError(f"optim.krylov_rtol must be in (0, 1), got {cfg.krylov_rtol!r}")
 
 
 def validate_fit(cfg: FitConfig | DictConfig, log: Callable[[str], None] = print) -> None:
@@ -215,6 +219,8 @@ def _starts(cfg: FitConfig) -> None:
 def _regularization(reg: RegularizationConfig) -> None:
     _non_negative("regularization.params", reg.params)
     _non_negative("regularization.fields", reg.fields)
+    _non_negative("regularization.field_background", reg.field_background)
+    _non_negative("regularization.field_smoothness", reg.field_smoothness)
     for key in ("param_l2", "smoothness", "system"):
         _weights(f"regularization.{key}", getattr(reg, key))
 

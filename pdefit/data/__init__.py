@@ -22,7 +22,7 @@ Use it as ``from pdefit import data`` (``data.open_dataset(path)``).
 """
 
 from pdefit.data.checks import DatasetError
-from pdefit.data.noise import add_noise, add_noise_block, check_noise
+from pdefit.data.noise import PER_FIELD, add_noise, add_noise_block, check_noise
 from pdefit.data.reader import (
     Dataset,
     index_ranges,
@@ -64,6 +64,7 @@ __all__ = [
     "FORMAT_VERSION",
     "LEGACY_TIME_ARRAY",
     "MASK_PREFIX",
+    "PER_FIELD",
     "READABLE_VERSIONS",
     "TIME_ARRAY",
     "TRUE_PREFIX",

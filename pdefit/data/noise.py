@@ -23,9 +23,12 @@ __all__ = ["add_noise", "add_noise_block", "check_noise", "recorded_noise"]
 # would otherwise silently produce noise-free data.
 _NOISE_KEYS = {
     "none": frozenset({"kind"}),
-    "additive": frozenset({"kind", "sigma", "seed"}),
-    "relative": frozenset({"kind", "sigma", "seed"}),
+    "additive": frozenset({"kind", "sigma", "seed", "streams"}),
+    "relative": frozenset({"kind", "sigma", "seed", "streams"}),
 }
+# ``streams``: PER_FIELD where each field has its own random stream (datasets written before
+# it existed drew the same numbers for every field, and are still drawn that way).
+PER_FIELD = "per_field"
 
 
 def check_noise(noise: Mapping[str, Any]) -> None:
@@ -52,6 +55,8 @@ def check_noise(noise: Mapping[str, Any]) -> None:
     if not all(is_real(s) and math.isfinite(s) and s >= 0 for s in levels):
         raise DatasetError(f"noise sigma must be a finite float >= 0 or a mapping field -> "
                            f"such a float, got {sigma!r}")
+    if noise.get("streams", PER_FIELD) != PER_FIELD:
+        raise DatasetError(f"noise streams must be {PER_FIELD!r}, got {noise['streams']!r}")
     seed = noise.get("seed")
     if seed is not None and (not is_int(seed) or seed < 0):
         raise DatasetError(f"noise kind {kind!r} needs an int seed >= 0, got {seed!r}")
@@ -101,16 +106,21 @@ def add_noise(
 
 
 def add_noise_block(
-    values: np.ndarray, noise: Mapping[str, Any], *, experiment: int, frame_start: int
+    values: np.ndarray, noise: Mapping[str, Any], *, experiment: int, frame_start: int,
+    stream: int = 0,
 ) -> np.ndarray:
     """Noise for a ``(n, ny, nx)`` block of frames, identical however frames are blocked.
 
     Each frame gets its own stream keyed by (experiment, frame), so a dataset written by
     parallel shard writers carries the same noise as one written in a single pass, and
-    writers never reuse each other's random numbers.
+    writers never reuse each other's random numbers. ``stream``: the field's position in the
+    dataset; where ``noise["streams"]`` is ``"per_field"`` it keys the stream too, so that
+    fields carry independent noise (the first field keeps the key it always had).
     """
     values = np.asarray(values)
     out = np.empty(values.shape, dtype=np.float32)
+    own = stream if noise.get("streams") == PER_FIELD else 0
     for i, frame in enumerate(values):
-        out[i] = add_noise(frame, noise, key=(experiment, frame_start + i))
+        key = (experiment, frame_start + i, *((own,) if own else ()))
+        out[i] = add_noise(frame, noise, key=key)
     return out

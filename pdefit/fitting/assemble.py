@@ -130,14 +130,16 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
     observation, observed = _observed(cfg, system, derived, reader)
     initial, from_observed = _initial_fields(cfg, system, grid, reader, source, fitted_fields)
     start = _parameters(cfg, system, params, source, len(window.experiments), dtype)
-    fields0 = _start_fields(cfg, grid, reader, source, fitted_fields, from_observed,
-                            start.warm_fields)
+    guesses = _first_guesses(cfg, system, reader, fitted_fields, start.values)
+    fields0 = _start_fields(cfg, grid, reader, source, fitted_fields,
+                            {**guesses, **from_observed}, start.warm_fields)
     theta0 = _theta0(start, fields0, domain)
     problem = _problem(cfg, system, grid, source, window, start.layout, observation,
                        fitted_fields, domain, dtype)
     if window.n_steps == 0:
         raise ConfigError("the training window has no time steps: use at least two frames")
-    batch = Batch(observed, initial)
+    # The fitted fields' first guess is the background their prior pulls towards.
+    batch = Batch(observed, initial, dict(theta0["fields"]))
     # The table of start/recovered values shows numbers: shared scalars only.
     return FitSetup(problem, batch, theta0,
                     {n: float(start.values[n]) for n in start.layout.scalars},
@@ -368,6 +370,20 @@ def _check_fitted_names(cfg: FitConfig, system: System, fitted: list[str],
                           f"is {fitted}); a per-experiment parameter must also be fitted")
 
 
+def _first_guesses(cfg: FitConfig, system: System, reader: Reader,
+                   fitted_fields: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
+    """The system's first guess (its ``initial_guess`` hook) of the fitted fields that are not
+    observed, from the observed first frames and the start parameters (empty without it)."""
+    guess = getattr(system, "initial_guess", None)
+    observed = [f for f in cfg.observe.fields if f in system.fields]
+    wanted = [f for f in fitted_fields if f not in cfg.observe.fields]
+    if guess is None or not wanted or not observed:
+        return {}
+    frames = {f: jnp.nan_to_num(reader.first_frame(f)) for f in observed}
+    out = guess(frames, {n: v for n, v in values.items() if n in system.params})
+    return {f: jnp.asarray(out[f], reader.dtype) for f in wanted if f in out}
+
+
 def _start_fields(cfg: FitConfig, grid: Grid, reader: Reader, source: Source,
                   fitted_fields: tuple[str, ...], from_observed: dict[str, Any],
                   warm_fields: dict[str, Any]) -> dict[str, Any]:
@@ -376,7 +392,7 @@ def _start_fields(cfg: FitConfig, grid: Grid, reader: Reader, source: Source,
     fields0 = {}
     for name in fitted_fields:
         # Start a fitted field from its first observed frame when there is one, else from
-        # what the system derives from the observed first frame, else zero.
+        # what the system derives from (or guesses by) the observed first frame, else zero.
         # An unobserved field's values in the dataset (a synthetic dataset stores every
         # field) are the truth the fit should find, never its starting guess.
         guess = None

@@ -332,4 +332,6 @@ def make_regularization(cfg: FitConfig, layout: ParameterLayout, system: Any = N
     return Regularization(float(reg.params), float(reg.fields),
                           tuple(sorted((k, float(v)) for k, v in param_l2.items())),
                           tuple(sorted((k, float(v)) for k, v in smooth.items())),
-                          tuple(sorted((k, float(v)) for k, v in system_terms.items())))
+                          tuple(sorted((k, float(v)) for k, v in system_terms.items())),
+                          float(getattr(reg, "field_background", 0.0)),
+                          float(getattr(reg, "field_smoothness", 0.0)))

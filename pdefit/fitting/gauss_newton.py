@@ -105,7 +105,14 @@ def gauss_newton(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
     flattened order) carries tangents for those parameters only, the others held: G is then
     over ``free`` (in its order) and the gradient is zero at the held ones, whose tangents
     are never computed."""
-    _require_scalar_shared_fit(problem)
+    require_scalar_shared_fit(problem)
+    return curvature_function(problem)
+
+
+def curvature_function(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
+    """:func:`gauss_newton`'s ``curvature`` without its checks: with fitted initial fields
+    (taken from θ, their tangents zero) it is the parameters' block of the Gauss–Newton
+    matrix, as :mod:`pdefit.fitting.krylov` scales its steps by."""
 
     def curvature(theta, batch, x0_directions=None, free=None):
         flat, unravel = ravel_pytree(theta["params"])
@@ -130,9 +137,10 @@ class _Flat(NamedTuple):
     columns: np.ndarray
 
 
-def _require_scalar_shared_fit(problem: Any) -> None:
-    """Refuse the fits Levenberg–Marquardt's curvature does not cover."""
-    if problem.fitted_fields:
+def require_scalar_shared_fit(problem: Any, fields: bool = False) -> None:
+    """Refuse the fits Levenberg–Marquardt's curvature does not cover (``fields``: fitted
+    initial fields are covered, by the matrix-free products of :mod:`pdefit.fitting.krylov`)."""
+    if problem.fitted_fields and not fields:
         raise ValueError("levenberg_marquardt fits scalar parameters only; with fitted initial "
                          f"fields {list(problem.fitted_fields)} use optim=adam or optim=lbfgs")
     if problem.domain is not None:
@@ -140,7 +148,7 @@ def _require_scalar_shared_fit(problem: Any) -> None:
     if getattr(problem.layout, "per_experiment", ()):
         raise ValueError("levenberg_marquardt handles shared parameters only; per-experiment "
                          "ones need optim=adam or optim=lbfgs")
-    if not problem.layout.fitted:
+    if not problem.layout.fitted and not (fields and problem.fitted_fields):
         raise ValueError("levenberg_marquardt needs at least one fitted parameter")
 
 

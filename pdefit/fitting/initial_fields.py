@@ -83,11 +83,32 @@ def initial_field_errors(fitted: Mapping[str, np.ndarray], truth: Mapping[str, n
 
 def true_initial_fields(dataset: Path, names: Sequence[str], experiments: Sequence[int] | None,
                         frame: int) -> dict[str, np.ndarray]:
-    """The dataset's frame ``frame`` of each of ``names`` it holds, ``(n_experiments, ny, nx)``."""
+    """The dataset's frame ``frame`` of each of ``names`` it holds, ``(n_experiments, ny, nx)``;
+    without its noise where the dataset drew additive noise from a seed (the noise is drawn
+    again and taken off: the truth a fit's initial fields are scored against)."""
     ds = zd.open_dataset(dataset)
-    selection = slice(None) if experiments is None else list(experiments)
-    return {name: ds.read(name, experiments=selection, frames=[frame])[:, 0]
-            for name in names if name in ds.meta.fields}
+    chosen = list(range(ds.meta.n_experiments)) if experiments is None else list(experiments)
+    out = {}
+    for name in names:
+        if name not in ds.meta.fields:
+            continue
+        values = ds.read(name, experiments=chosen, frames=[frame])[:, 0]
+        out[name] = values - _drawn_noise(ds.meta, name, chosen, frame, values.shape[1:])
+    return out
+
+
+def _drawn_noise(meta: Any, name: str, experiments: Sequence[int], frame: int,
+                 shape: tuple[int, ...]) -> np.ndarray | float:
+    """The additive noise the dataset's writer drew for ``name`` at ``frame`` (0 where it
+    drew none, or none that can be drawn again)."""
+    noise = meta.noise or {}
+    if (noise.get("kind") != "additive" or noise.get("seed") is None
+            or isinstance(noise.get("sigma"), Mapping)):
+        return 0.0
+    zeros = np.zeros((1, *shape), np.float32)
+    return np.stack([zd.add_noise_block(zeros, noise, experiment=e, frame_start=frame,
+                                        stream=meta.fields.index(name))[0]
+                     for e in experiments])
 
 
 def format_errors(errors: Mapping[str, Mapping[str, float]]) -> str:

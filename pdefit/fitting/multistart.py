@@ -31,7 +31,7 @@ import numpy as np
 
 from pdefit.fitting import assemble
 from pdefit.fitting.assemble import FitSetup
-from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.optimisers import (
     LEVENBERG_MARQUARDT,
     init_state,
@@ -66,7 +66,7 @@ def probe_starts(setup: FitSetup, thetas: Sequence[Any], optim: OptimConfig, ste
     curvature = None
     if optim.name == LEVENBERG_MARQUARDT:
         try:
-            curvature = gauss_newton(problem)
+            curvature = curvature_for(problem)
         except ValueError as err:
             raise ConfigError(f"optim: {err}") from None
     optimizer = make_optimizer(optim)

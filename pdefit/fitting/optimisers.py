@@ -26,6 +26,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
+from pdefit.fitting.krylov import MatrixFree, damped_solve, held_mask
 from pdefit.model.params import ParameterLayout
 from pdefit.options import OptimConfig
 
@@ -70,13 +71,13 @@ class DampingState(NamedTuple):
 LEVENBERG_MARQUARDT = "levenberg_marquardt"
 
 
-def _damping_state() -> optax.GradientTransformation:
+def _damping_state(initial: float = 1e-3) -> optax.GradientTransformation:
     """An optax-shaped holder of :class:`DampingState`: the steps themselves are taken by
     :func:`make_damped_update`, which needs the curvature, not only the gradient."""
 
     def init(params: Any) -> DampingState:
         leaf = jax.tree.leaves(params)[0]
-        return DampingState(jnp.asarray(1e-3, leaf.dtype), jnp.asarray(2.0, leaf.dtype))
+        return DampingState(jnp.asarray(initial, leaf.dtype), jnp.asarray(2.0, leaf.dtype))
 
     def update(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("levenberg_marquardt steps are taken by make_damped_update")
@@ -89,7 +90,7 @@ def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
     learning-rate schedule: its zoom line search chooses each step length, as does
     ``levenberg_marquardt`` its damping."""
     if cfg.name == LEVENBERG_MARQUARDT:
-        return _damping_state()
+        return _damping_state(cfg.initial_damping)
     schedule = learning_rate_schedule(cfg)
     optimizers: dict[str, Callable[[], optax.GradientTransformation]] = {
         "adam": lambda: optax.adam(schedule),
@@ -397,6 +398,61 @@ def make_damped_update(loss: Callable, curvature: Callable,
     return update
 
 
+def make_matrix_free_update(loss: Callable, curvature: MatrixFree, cfg: OptimConfig,
+                            describe: Callable[[Any], Mapping[str, Any]] | None = None,
+                            hold: Collection[str] = (), limits: StepLimits | None = None,
+                            ) -> Callable:
+    """Levenberg–Marquardt over all of θ — parameters and fitted initial fields — with the
+    contract of :func:`make_damped_update`: the step solves (G + λD) δ = −g by at most
+    ``cfg.krylov_iterations`` conjugate-gradient iterations on the matrix-free products of
+    :mod:`pdefit.fitting.krylov` (D: the parameters' exact Gauss–Newton diagonal, one
+    estimate per field), and is kept or rejected by the same rule (the predicted decrease
+    from one more product, G·δ, at the step actually tried)."""
+
+    @jax.jit
+    def update(state: TrainState, batch: Any):
+        theta = state.theta
+        free = _free_positions(theta["params"], hold)
+        mask = held_mask(theta, hold)
+
+        def masked(tree):
+            return jax.tree.map(jnp.multiply, tree, mask)
+
+        value, grad = jax.value_and_grad(loss)(theta, batch)
+        grad = masked(grad)
+        key = jax.random.wrap_key_data(state.key)
+        diagonal = curvature.diagonal(theta, batch, jax.random.fold_in(key, 1), free)
+
+        def product(v):
+            return masked(curvature.product(theta, batch, masked(v)))
+
+        damping = state.opt_state.damping
+        delta = damped_solve(product, grad, diagonal, damping, cfg.krylov_iterations,
+                             cfg.krylov_rtol)
+        trial_theta, _, _ = limit_step(theta, jax.tree.map(
+            lambda t, d: t + state.lr_scale.astype(t.dtype) * d, theta, delta), limits)
+        delta = jax.tree.map(jnp.subtract, trial_theta, theta)
+        predicted = -(_dot(grad, delta) + 0.5 * _dot(delta, product(delta)))
+        trial = loss(trial_theta, batch)
+        accept, opt_state = _nielsen_update(state.opt_state, value, trial, predicted)
+        new = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, theta)
+        at_bound = on_bound(new["params"], limits) if limits else jnp.asarray(False)
+        grad_norm = optax.tree.norm(grad)
+        finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
+        lr_scale = jnp.where(accept, jnp.minimum(1.0, 2.0 * state.lr_scale), state.lr_scale)
+        return (_advanced(state, new, opt_state, value)._replace(
+                    lr_scale=lr_scale.astype(state.lr_scale.dtype)),
+                _report(state, value, grad_norm, finite, 2, describe, at_bound))
+
+    return update
+
+
+def _dot(a: Any, b: Any) -> jax.Array:
+    """Σ over leaves of ⟨a, b⟩."""
+    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
+                                              strict=True))
+
+
 def _damped_step(matrix: jax.Array, g: jax.Array, damping: jax.Array, lr_scale: jax.Array,
                  dtype: Any) -> jax.Array:
     """The step δ solving (G + λ diag G) δ = −g, scaled by ``lr_scale``."""
@@ -429,6 +485,8 @@ def step_update(loss: Callable, optimizer: optax.GradientTransformation, cfg: Op
                 hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
     """The jitted update of ``cfg.name``: Levenberg–Marquardt's, or the optax one."""
     if cfg.name == LEVENBERG_MARQUARDT:
+        if isinstance(curvature, MatrixFree):
+            return make_matrix_free_update(loss, curvature, cfg, describe, hold, limits)
         if curvature is None:
             raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
                              "curvature (pdefit.fitting.gauss_newton)")

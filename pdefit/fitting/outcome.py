@@ -45,7 +45,7 @@ def intervals(problem: FitProblem, theta: Any, batch: Batch,
     else the dataset's ``noise`` (its ``meta.noise``; None where the data come from another
     system), else estimated from the residual; and the curvature it comes from (None without
     intervals, with the reason)."""
-    reason = unavailable_reason(problem)
+    reason = unavailable_reason(problem, batch)
     if reason is not None:
         log(f"no parameter intervals: {reason}")
         return {"available": False, "reason": reason}, None

@@ -34,6 +34,9 @@ class Batch(NamedTuple):
 
     observed: ObservedData
     initial: dict[str, jnp.ndarray]  # known initial fields, (n_exp, ny, nx)
+    # The first guess of fitted initial fields, (n_exp, ny, nx): the background the prior
+    # ``Regularization.field_background`` pulls them towards (empty: no background).
+    background: dict[str, jnp.ndarray] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 @dataclass(frozen=True)
@@ -46,13 +49,23 @@ class Regularization:
     neighbouring nodes, summed over its spec's ``smooth_axes`` (wrapping on periodic ones).
     ``system``: weights of the system's own penalties (:func:`system_penalties`), functions of
     the physical parameters; averaged over experiments when they read per-experiment ones
-    (:func:`system_term`)."""
+    (:func:`system_term`).
+
+    The prior of fitted initial fields (:meth:`FitProblem.field_prior`):
+    ``field_background`` weighs the mean square of a field's distance from its first guess
+    (``Batch.background``), ``field_smoothness`` the mean squared difference of neighbouring
+    cells. The misfit is a mean square over the N observed values, so with noise σ a
+    Gaussian background of standard deviation σ_b over C cells is
+    ``field_background`` = σ² C / (N σ_b²) (for a field observed in every cell of n frames:
+    σ² / (n σ_b²))."""
 
     params: float = 0.0
     fields: float = 0.0
     param_l2: tuple[tuple[str, float], ...] = ()
     smoothness: tuple[tuple[str, float], ...] = ()
     system: tuple[tuple[str, float], ...] = ()
+    field_background: float = 0.0
+    field_smoothness: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -215,8 +228,23 @@ class FitProblem:
                 total = total + weight * system_term(offered[name], shared, own)
         return total
 
+    def field_prior(self, theta: Mapping[str, Any], batch: Batch) -> jnp.ndarray:
+        """The prior of the fitted initial fields (see :class:`Regularization`): distance
+        from the first guess and roughness, each a mean over cells and experiments."""
+        reg = self.regularization
+        total = jnp.zeros(())
+        periodic = [1 + a for a, kind in enumerate(self.grid.boundaries) if kind == "periodic"]
+        for name, field in theta.get("fields", {}).items():
+            if reg.field_smoothness:
+                total = total + reg.field_smoothness * smoothness(field, (1, 2), periodic)
+            if reg.field_background and name in batch.background:
+                total = total + reg.field_background * jnp.mean(
+                    (field - batch.background[name]) ** 2)
+        return total
+
     def loss(self, theta: Mapping[str, Any], batch: Batch) -> jnp.ndarray:
-        return self.data_loss(theta, batch) + self.penalty(theta)
+        return self.data_loss(theta, batch) + self.penalty(theta) + self.field_prior(theta,
+                                                                                     batch)
 
     def value_and_grad(self, theta: Mapping[str, Any], batch: Batch):
         return jax.value_and_grad(self.loss)(theta, batch)

@@ -185,7 +185,8 @@ def dataset_meta(cfg: SimulationOptions,
         raise ConfigError("simulate: n_frames, steps_per_frame and n_experiments must be >= 1")
     noise = {"kind": sim.noise.kind}
     if sim.noise.kind != "none":
-        noise.update(sigma=float(sim.noise.sigma), seed=int(sim.noise.seed))
+        noise.update(sigma=float(sim.noise.sigma), seed=int(sim.noise.seed),
+                     streams=zd.PER_FIELD)
     try:
         zd.check_noise(noise)
     except zd.DatasetError as err:
@@ -235,7 +236,8 @@ def write_experiment(cfg: SimulationOptions, path: Path, meta: zd.DatasetMeta, s
                               "reduce system.dt")
         for shard in zd.plan_shards(1, sim.n_frames, sim.frames_per_shard):
             block = zd.add_noise_block(values[shard.frame_start:shard.frame_stop], meta.noise,
-                                       experiment=experiment, frame_start=shard.frame_start)
+                                       experiment=experiment, frame_start=shard.frame_start,
+                                       stream=meta.fields.index(name))
             zd.write_block(path, name, block, experiment=experiment,
                            frame_start=shard.frame_start,
                            mask=None if mask is None else mask[shard.frame_start:

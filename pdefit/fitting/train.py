@@ -93,7 +93,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     unless ``resume`` is False (then they are deleted). ``config`` (the resolved run config) is
     saved with each checkpoint and must match on resume, except ``run.*``. ``on_step(step,
     record)`` is called after every applied step (tests use it to send signals).
-    ``curvature`` (from :func:`pdefit.fitting.gauss_newton.gauss_newton`) is needed by
+    ``curvature`` (from :func:`pdefit.fitting.krylov.curvature_for`) is needed by
     ``levenberg_marquardt``. ``hold`` names entries of ``theta0["params"]`` that every
     optimiser keeps at their values (a stage of a staged fit that frees them later).
     ``layout`` (the problem's :class:`~pdefit.model.params.ParameterLayout`) turns on the step

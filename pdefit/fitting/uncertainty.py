@@ -64,7 +64,9 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 from scipy import stats
 
+from pdefit.fitting import marginal
 from pdefit.fitting.gauss_newton import gauss_newton
+from pdefit.fitting.krylov import predictions
 from pdefit.fitting.problem import Batch, FitProblem, Regularization
 
 LEVEL = 0.95
@@ -87,8 +89,12 @@ EXACT_LIMIT = 512
 SAMPLES = 32
 
 
-def unavailable_reason(problem: FitProblem) -> str | None:
-    """Why no intervals can be computed for ``problem`` (None: they can)."""
+def unavailable_reason(problem: FitProblem, batch: Batch | None = None) -> str | None:
+    """Why no intervals can be computed for ``problem`` (None: they can). With fitted initial
+    fields they can, on ``batch``'s data, as a Schur complement (:mod:`pdefit.fitting.marginal`);
+    without ``batch`` (the discretization check's parameter shift) they cannot."""
+    if problem.fitted_fields and batch is not None:
+        return marginal.fields_reason(problem, misfit_weights(problem, batch))
     if problem.fitted_fields:
         return (f"fitted initial fields {list(problem.fitted_fields)}: intervals cover fits of "
                 "shared scalar parameters only")
@@ -212,7 +218,10 @@ def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureP
     fields, :func:`relative_variances`), plus (JᵀAJ_x)(JᵀAJ_x)ᵀ where the initial state is a
     noisy copy of the first frame (J_x: the residuals' response to it, from
     :func:`initial_directions`). One sweep when the weights are proportional to 1/v_f (uniform
-    ones where every field has one σ), three otherwise."""
+    ones where every field has one σ), three otherwise. With fitted initial fields: the
+    marginal curvature of :mod:`pdefit.fitting.marginal`."""
+    if problem.fitted_fields:
+        return _marginal_curvature_parts(problem, theta, batch)
     weights = misfit_weights(problem, batch)
     copied = copied_values(problem, theta, batch)
     n_values = int(sum(float(jnp.sum(w)) for w in batch.observed.weights.values())) - copied
@@ -241,6 +250,26 @@ def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureP
     gradient = gradient + np.asarray(jax.grad(penalty)(flat), np.float64)
     return CurvatureParts(rss, n_values, bread, squared + weight * cross @ cross.T, gradient,
                           kind)
+
+
+def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
+                              ) -> CurvatureParts:
+    """:class:`CurvatureParts` with fitted initial fields: bread S (the Schur complement),
+    meat a·S (the Laplace covariance a σ² S⁻¹), the reduced gradient; N less the fitted
+    initial values that are observed (each fitted to its own noisy datum)."""
+    a = float(np.ravel(next(iter(misfit_weights(problem, batch).values())))[0])
+    schur, gradient = marginal.marginal_parts(problem, theta, batch)
+    observed = batch.observed
+    n_values = int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
+    slot = int(observed.slot_of_step[0])
+    if slot >= 0:
+        n_values -= int(sum(float(jnp.sum(observed.weights[f][:, slot] > 0))
+                            for f in problem.fitted_fields if f in observed.weights))
+    rss = float(sum(jnp.sum(w * (p - v) ** 2) for p, v, w in zip(
+        jax.jit(lambda t, b: predictions(problem, t, b))(theta, batch).values(),
+        observed.values.values(), observed.weights.values(), strict=True)))
+    return CurvatureParts(rss, n_values, schur, a * schur, gradient,
+                          "fitted with the parameters (a Schur complement)")
 
 
 def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -359,7 +388,7 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch,
     :func:`reference_variance`, the relative levels being the loss's); ``source`` says where a
     known level comes from; ``parts``: :func:`curvature_parts` at ``theta`` where already
     computed."""
-    reason = unavailable_reason(problem)
+    reason = unavailable_reason(problem, batch)
     if reason is not None:
         return {"available": False, "reason": reason}
     flat, unravel = ravel_pytree(theta["params"])
@@ -400,7 +429,8 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch,
         else None, "rcond": rcond, "near_singular_directions": named,
         "flagged": [n for n, r in intervals.items() if r["flag"]],
         "parameters": intervals,
-        "covers": "fitted shared scalar parameters only (fitted fields, array and "
+        "covers": "fitted shared scalar parameters only (fitted initial fields are "
+                  "marginalised over; array and "
                   "per-experiment parameters are not covered)",
         "copied_initial_values": copied_values(problem, theta, batch),
         "initial_state_noise": parts.initial_noise,

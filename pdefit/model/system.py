@@ -21,6 +21,12 @@ closed over by jitted functions. It provides:
   system-specific evaluation of a finished fit against the dataset's truths (numbers for
   ``summary.json``, a printed report, plots in ``out``), returning a :class:`SystemEvaluation`
   or None when it has nothing to say about this fit.
+- optionally ``initial_guess(observed, params)``: a first guess of unobserved state fields
+  (name → array) from the observed fields' first frames (``observed``: name → array, any
+  leading axes) and the fit's start parameters, where a fit estimates them
+  (``fit.initial_fields.<f>=fit``): its starting point and the background of its prior
+  (``regularization.field_background``), never a known initial state (e.g. BOCF's gates at
+  their quasi-steady values for the observed u);
 - optionally ``refinable_grid = True``: its fields are cell-centred and nothing in it is tied
   to the cell count, so data may be simulated on a refined grid and a fit checked on one
   (``simulate.refine.grid_factor``, ``fit.discretization_check.grid_factor``);

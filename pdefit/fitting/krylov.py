@@ -1,0 +1,162 @@
+"""Matrix-free Gauss–Newton for fits of initial fields with the parameters (incremental 4D-Var).
+
+With fitted initial fields the unknowns number 10⁴–10⁶, too many for the dense curvature of
+:mod:`pdefit.fitting.gauss_newton`. Here the Gauss–Newton matrix G is only ever applied to a
+vector, and the Levenberg–Marquardt step (G + λD) δ = −g is solved by preconditioned
+conjugate gradients (lineax's ``CG``), the inner loop of incremental 4D-Var:
+
+- **G·v without a matrix.** The misfit is Σ w (h(x_n) − y_n)², so its gradient at data
+  y'_n = h(x_n) − J_n v (the model's own predictions less their response to v, held fixed)
+  is Σ J_nᵀ W J_n v = G·v exactly, also for a nonlinear observation h. One forward-mode
+  sweep (``jax.jvp``, no trajectory stored) gives the predictions and their tangent; one
+  gradient of the unchanged loss with those data — the revolve adjoint, bounded memory —
+  gives the product. Penalties and the field prior add their exact Hessian–vector product.
+- **Scaling D and the preconditioner.** The parameters' diagonal of G is exact (the k
+  forward tangents of :func:`pdefit.fitting.gauss_newton.gauss_newton`); each field's is
+  one number, the mean of z ⊙ Gz over its cells for a random ±1 probe z (Hutchinson's
+  estimator), since a field's cells differ less from each other than from the parameters.
+
+One device, shared parameters (like the dense Levenberg–Marquardt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Collection
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import lineax as lx
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+from pdefit.fitting import gauss_newton as gn
+from pdefit.fitting.observe import ObservedData
+from pdefit.fitting.problem import Batch, FitProblem
+
+
+@dataclasses.dataclass(frozen=True)
+class MatrixFree:
+    """The Gauss–Newton products of ``problem``'s loss over all of θ (parameters and fitted
+    fields), for :func:`pdefit.fitting.optimisers.make_matrix_free_update`."""
+
+    problem: FitProblem
+
+    def product(self, theta: Any, batch: Batch, v: Any) -> Any:
+        """G·v (a pytree like ``theta``): the data misfit's Gauss–Newton matrix plus the
+        penalties' and the field prior's exact Hessian, applied to ``v``."""
+        return gauss_newton_product(self.problem, theta, batch, v)
+
+    def diagonal(self, theta: Any, batch: Any, key: jax.Array,
+                 free: np.ndarray | None = None) -> Any:
+        """A positive scaling like ``theta``: the exact Gauss–Newton diagonal of the
+        parameters (at the ``free`` positions of their flattened order; 1 at held ones) and
+        one Hutchinson estimate per fitted field."""
+        return scaling(self, theta, batch, key, free)
+
+
+def curvature_for(problem: FitProblem) -> Callable[..., Any] | MatrixFree:
+    """What Levenberg–Marquardt needs of ``problem``: the dense parameter curvature, or the
+    matrix-free products when initial fields are fitted too (ValueError for fits neither
+    covers: several devices, per-experiment parameters)."""
+    if problem.fitted_fields:
+        gn.require_scalar_shared_fit(problem, fields=True)
+        return MatrixFree(problem)
+    return gn.gauss_newton(problem)
+
+
+def predictions(problem: FitProblem, theta: Any, batch: Batch) -> dict[str, jnp.ndarray]:
+    """The model's values at the observed frames, like ``batch.observed.values`` (field →
+    (n_exp, n_slots, ...)), from one forward run per experiment that keeps those only."""
+    chain = problem.chain(dataclasses.replace(problem.grid, self_adjoint_vjp=False))
+    project = problem.observation.on_grid(problem.grid).project
+    params = problem.physical_params(theta)
+    x0 = problem.initial_state(theta, batch)
+    obs = batch.observed
+    slot_of_step = obs.slot_of_step
+
+    def record(buffers, x, n):
+        slot = slot_of_step[n]
+        at = jnp.maximum(slot, 0)
+        seen = project(x)
+        return {f: buf.at[at].set(jnp.where(slot >= 0, seen[f].astype(buf.dtype), buf[at]))
+                for f, buf in buffers.items()}
+
+    def one(x0_e, values_e):
+        def body(carry, n):
+            x, buffers = carry
+            return (chain.step(x, params, n), record(buffers, x, n)), None
+
+        buffers = jax.tree.map(jnp.zeros_like, values_e)
+        (x, buffers), _ = jax.lax.scan(body, (x0_e, buffers), jnp.arange(problem.n_steps))
+        return record(buffers, x, problem.n_steps)
+
+    return jax.vmap(one)(x0, obs.values)
+
+
+def gauss_newton_product(problem: FitProblem, theta: Any, batch: Batch, v: Any) -> Any:
+    """G·v of the loss (see the module docstring)."""
+    predicted, response = jax.jvp(lambda t: predictions(problem, t, batch), (theta,), (v,))
+    shifted = jax.tree.map(lambda p, dp: jax.lax.stop_gradient(p - dp), predicted, response)
+    linearised = batch._replace(observed=ObservedData(
+        shifted, batch.observed.weights, batch.observed.scale, batch.observed.slot_of_step))
+    data_part = jax.grad(problem.data_loss)(theta, linearised)
+
+    def prior(t):
+        return problem.penalty(t) + problem.field_prior(t, batch)
+
+    prior_part = jax.jvp(jax.grad(prior), (theta,), (v,))[1]
+    return jax.tree.map(jnp.add, data_part, prior_part)
+
+
+def scaling(curvature: MatrixFree, theta: Any, batch: Batch, key: jax.Array,
+            free: np.ndarray | None) -> Any:
+    """See :meth:`MatrixFree.diagonal`."""
+    problem = curvature.problem
+    flat = ravel_pytree(theta["params"])[0]
+    columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
+    _, _, matrix = gn.curvature_function(problem)(theta, batch, free=columns)
+    floor = 1e-12 * jnp.maximum(jnp.max(jnp.diag(matrix)), jnp.finfo(flat.dtype).tiny)
+    params_diag = jnp.ones_like(flat).at[columns].set(jnp.maximum(jnp.diag(matrix), floor))
+    fields = theta.get("fields", {})
+    probe_fields = {name: jax.random.rademacher(k, x.shape, x.dtype) for (name, x), k in zip(
+        sorted(fields.items()), jax.random.split(key, max(len(fields), 1)), strict=False)}
+    probe = {**jax.tree.map(jnp.zeros_like, theta), "fields": probe_fields}
+    response = curvature.product(theta, batch, probe)["fields"]
+    top = jnp.max(params_diag[columns]) if len(columns) else jnp.ones((), flat.dtype)
+    field_diag = {name: jnp.full_like(z, jnp.maximum(jnp.mean(z * response[name]),
+                                                      1e-12 * top))
+                  for name, z in probe_fields.items()}
+    unravel = ravel_pytree(theta["params"])[1]
+    return {**theta, "params": unravel(params_diag), "fields": field_diag}
+
+
+def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
+                 damping: jax.Array, iterations: int, rtol: float) -> Any:
+    """δ ≈ −(G + λD)⁻¹ g by at most ``iterations`` steps of conjugate gradients
+    preconditioned by ((1 + λ)D)⁻¹ (``product``: v ↦ G·v; D: ``diagonal``)."""
+    structure = jax.eval_shape(lambda: gradient)
+
+    def damped(v):
+        return jax.tree.map(lambda gv, d, x: gv + damping * d * x, product(v), diagonal, v)
+
+    def preconditioned(v):
+        return jax.tree.map(lambda d, x: x / ((1.0 + damping) * d), diagonal, v)
+
+    tags = lx.positive_semidefinite_tag
+    operator = lx.FunctionLinearOperator(damped, structure, tags=tags)
+    preconditioner = lx.FunctionLinearOperator(preconditioned, structure, tags=tags)
+    rhs = jax.tree.map(jnp.negative, gradient)
+    solution = lx.linear_solve(
+        operator, rhs, lx.CG(rtol=rtol, atol=0.0, max_steps=iterations),
+        options={"preconditioner": preconditioner}, throw=False)
+    # An iterate that stopped at the step cap is still a descent direction (truncated CG).
+    return jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), solution.value)
+
+
+def held_mask(theta: Any, hold: Collection[str]) -> Any:
+    """1 at the free entries of θ, 0 at the held parameters' (a pytree like ``theta``)."""
+    ones = jax.tree.map(jnp.ones_like, theta)
+    return {**ones, "params": {n: (jnp.zeros_like(v) if n in hold else v)
+                               for n, v in ones["params"].items()}}
