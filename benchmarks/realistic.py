@@ -240,7 +240,7 @@ def forecast_text(r: dict[str, Any]) -> str:
 
 def table_header(fields: Sequence[str]) -> list[str]:
     columns = ["σ", "seed", "mean %", "median %", "max %", "red. χ²", "verdict", "95 % cover",
-               *[f"{f}(0) L2 %" for f in fields], "forecast valid ms", "stop", "steps",
+               *[f"{f}(0) L2 %" for f in fields], "forecast valid (model time)", "stop", "steps",
                "wall s", "CPU s"]
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 

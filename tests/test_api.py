@@ -161,7 +161,7 @@ def test_simulate_dataset_then_fit_reports_intervals_verdict_and_stop_reason(tmp
                                  noise_sigma=1e-3, precision="float64")
     meta = ds.meta
     assert meta.grid_shape == (12, 12) and meta.n_frames == 5 and meta.true_params["k"] == 7.0
-    assert meta.noise == {"kind": "additive", "sigma": 1e-3, "seed": 0}
+    assert meta.noise == {"kind": "additive", "sigma": 1e-3, "seed": 0, "streams": "per_field"}
     with pytest.raises(DatasetError, match="overwrite=True"):
         pdefit.simulate_dataset(system, ds.path, grid=grid, dt=0.05, n_frames=5,
                                 steps_per_frame=10)

@@ -260,7 +260,9 @@ def test_fitted_initial_field_is_compared_with_the_truth(tmp_path, capsys):
     expected = np.linalg.norm(fitted - truth) / np.linalg.norm(truth)
     error = summary["initial_fields"]["v"]
     assert error["rel_l2_error"] == pytest.approx(expected, rel=1e-5)
-    assert 0 < expected < 1.5  # v(0) starts at zero: about 100 % off, then moves
+    # v(0) starts at the system's first guess from u (on its nullcline above threshold; the
+    # blobs' v is unrelated to u, so it is far off), then moves.
+    assert 0 < expected < 3
     assert error["max_abs_error"] == pytest.approx(np.abs(fitted - truth).max(), rel=1e-5)
     assert json.loads((run / "summary.json").read_text())["initial_fields"] == summary[
         "initial_fields"]

@@ -31,6 +31,7 @@ from hydra import compose, initialize_config_dir
 
 from pdefit.app import cli, rundir
 from pdefit.fitting import assemble
+from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.train import ResumeMismatchError, TrainingDivergedError, run_fit
 from pdefit.runtime import resume
 from pdefit.runtime.checkpoint import CheckpointOptions, CheckpointStore
@@ -85,6 +86,9 @@ def setup_fit(tmp: Path, *overrides: str):
 
 
 def fit_once(setup, cfg, directory: Path, **kwargs):
+    if cfg.optim.name == "levenberg_marquardt":
+        kwargs.setdefault("curvature", curvature_for(setup.problem))
+        kwargs.setdefault("layout", setup.problem.layout)
     return run_fit(setup.problem.loss, setup.theta0, setup.batch, cfg.optim, progress=False,
                    log=kwargs.pop("log", lambda _: None), describe=_describe(setup),
                    checkpoint=CheckpointOptions(directory, every=10, keep=2),
@@ -131,6 +135,12 @@ CASES = {
     # L-BFGS (its line-search state goes through Orbax too) in float64
     "lbfgs-float64": (["precision=float64", "optim=lbfgs", "optim.steps=8", "optim.grad_tol=0",
                        "fit.params=[k,a,b]"], [4]),
+    # matrix-free Levenberg–Marquardt over k, a and the unobserved v(0) (its damping and the
+    # key of its random probe go through Orbax)
+    "lm-matrix-free-field": (["precision=float64", "optim=levenberg_marquardt",
+                              "optim.steps=8", "optim.grad_tol=0", "optim.initial_damping=1.0",
+                              "optim.krylov_iterations=5", "fit.params=[k,a]",
+                              "observe.fields=[u]", "+fit.initial_fields.v=fit"], [4]),
     # an unstable learning rate: non-finite steps roll back before the interruption
     "adam-nan-rollbacks": (["precision=float32", "optim=adam", "optim.lr=8.0",
                             "optim.schedule=constant", "optim.steps=12",
