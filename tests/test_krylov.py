@@ -165,9 +165,9 @@ def test_python_api_fits_hidden_fields_with_levenberg_marquardt():
     """``pdefit.build_problem`` on u frames in memory (noisy, v never recorded) with u(0) and
     v(0) fitted, and ``pdefit.fit(optimizer="levenberg_marquardt")``: the matrix-free path,
     k and a near the truth, intervals marginalised over the fields, a residual verdict."""
-    import pdefit
     from helpers import ap_state
 
+    import pdefit
     from pdefit.model.system import stepper
     from pdefit.numerics.grid import Grid
     from pdefit.numerics.integrate import simulate
