@@ -58,6 +58,18 @@ def noise_overrides(sigma: float) -> list[str]:
     return ["simulate.noise.kind=additive", f"simulate.noise.sigma={sigma}"]
 
 
+def simulate(base: list[str], sigma: float, runs: Path) -> Path:
+    """The dataset of noise level ``sigma`` in ``runs``, shared by the seeds' fits."""
+    runs.mkdir(parents=True, exist_ok=True)
+    dataset = runs / "data.zarr"
+    cfg = config([*base, *noise_overrides(sigma), f"run.dir={runs}"])
+    dtype = assemble.set_precision(cfg.precision)
+    started = time.perf_counter()
+    assemble.simulate_dataset(cfg, dataset, dtype, log=lambda _: None)
+    print(f"σ = {sigma:g}: data in {time.perf_counter() - started:.0f} s", flush=True)
+    return dataset
+
+
 def one_fit(base: list[str], dataset: Path, seed: int, run_dir: Path) -> dict[str, Any]:
     """One staged fit from start seed ``seed`` on ``dataset``: its errors and times."""
     cfg = config([*base, f"data.path={dataset}", f"fit.perturb.seed={seed}",
@@ -133,13 +145,7 @@ def main() -> None:
     args.output.parent.mkdir(parents=True, exist_ok=True)
     for sigma in args.sigmas:
         runs = args.runs / f"sigma-{sigma:g}"
-        runs.mkdir(parents=True, exist_ok=True)
-        dataset = runs / "data.zarr"
-        cfg = config([*base, *noise_overrides(sigma), f"run.dir={runs}"])
-        dtype = assemble.set_precision(cfg.precision)
-        started = time.perf_counter()
-        assemble.simulate_dataset(cfg, dataset, dtype, log=lambda _: None)
-        print(f"σ = {sigma:g}: data in {time.perf_counter() - started:.0f} s", flush=True)
+        dataset = simulate(base, sigma, runs)
         for seed in args.seeds:
             record = {"sigma": sigma, **one_fit([*base, *noise_overrides(sigma)], dataset, seed,
                                                 runs / f"seed-{seed}")}

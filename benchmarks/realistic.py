@@ -65,15 +65,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from hydra import compose, initialize_config_dir
+
+# The sibling benchmark's config and noise overrides (this directory is on the path when
+# the script runs).
+from bocf_robustness import config, noise_overrides, simulate
 
 from pdefit.analysis.forecast import evaluate_fit
 from pdefit.app import cli
 from pdefit.app.evaluate import load_run_config
-from pdefit.fitting import assemble
 from pdefit.fitting.train import TrainingDivergedError
 
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
 RUN_OFF_FACTOR = 10.0  # recovered / true beyond this (or below its inverse): run off
 Z95 = 1.959963984540054  # the normal 97.5 % quantile
 TARGET_SIGMA = 0.02
@@ -82,17 +83,6 @@ CHI2_TARGET = (0.8, 1.5)
 COVERAGE_TARGET = (0.85, 1.0)
 FIELD_TARGET = 0.10
 FORECAST_TARGET = 500.0  # ms
-
-
-def config(overrides: list[str]):
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        return compose(config_name="fit", overrides=overrides)
-
-
-def noise_overrides(sigma: float) -> list[str]:
-    if sigma == 0:
-        return ["simulate.noise.kind=none"]
-    return ["simulate.noise.kind=additive", f"simulate.noise.sigma={sigma}"]
 
 
 # -- one fit's record ---------------------------------------------------------------------------
@@ -419,18 +409,6 @@ def fitted_fields(cfg) -> tuple[list[str], list[str]]:
     """(the fitted initial fields, those of them not observed: the hidden ones)."""
     fitted = [f for f, how in (cfg.fit.initial_fields or {}).items() if how == "fit"]
     return fitted, [f for f in fitted if f not in cfg.observe.fields]
-
-
-def simulate(base: list[str], sigma: float, runs: Path) -> Path:
-    """The dataset of noise level ``sigma``, shared by the seeds' fits."""
-    runs.mkdir(parents=True, exist_ok=True)
-    dataset = runs / "data.zarr"
-    cfg = config([*base, *noise_overrides(sigma), f"run.dir={runs}"])
-    dtype = assemble.set_precision(cfg.precision)
-    started = time.perf_counter()
-    assemble.simulate_dataset(cfg, dataset, dtype, log=lambda _: None)
-    print(f"σ = {sigma:g}: data in {time.perf_counter() - started:.0f} s", flush=True)
-    return dataset
 
 
 def write(result: dict[str, Any], output: Path, fields: list[str], hidden: list[str],

@@ -196,3 +196,19 @@ def test_python_api_fits_hidden_fields_with_levenberg_marquardt():
     assert set(result.uncertainty["parameters"]) == {"k", "a"}
     assert result.residual["verdict"] in ("estimated", "noise")
     assert set(result.fields) == {"u", "v"}
+
+
+def test_fields_alone_are_fitted_by_matrix_free_steps():
+    """No parameter fitted, only the unobserved v(0) (noise-free): the misfit falls by orders
+    of magnitude and v(0) approaches the truth where u is excited."""
+    problem, batch, truth, start = ap_problem(shape=(8, 8), n_steps=40, every=5, fitted=(),
+                                              fit_fields=("v",), observe=("u",))
+    _, history = run_fit(problem.loss, start, batch, OptimConfig(
+        name="levenberg_marquardt", steps=20, clip=None, grad_tol=0.0, krylov_iterations=20,
+        initial_damping=1.0), progress=False, log=lambda _: None,
+        curvature=krylov.curvature_for(problem), layout=problem.layout)
+    assert history.best_loss < 1e-3 * history.records[0]["loss"]
+    excited = batch.initial["u"] > 0.2
+    error = (history.best_theta["fields"]["v"] - truth["fields"]["v"]) * excited
+    before = (start["fields"]["v"] - truth["fields"]["v"]) * excited
+    assert float(jnp.linalg.norm(error)) < 0.1 * float(jnp.linalg.norm(before))

@@ -175,3 +175,17 @@ def test_every_later_value_missing_is_refused_before_training(tmp_path, no_train
                        "observe.nan=mask", "observe.fields=[u]",
                        # known initial state: a twin experiment
                        "+fit.initial_fields.v=data"))
+
+
+@pytest.mark.parametrize("experiment", sorted(p.stem for p in (Path(CONF) / "experiment").glob(
+    "*.yaml")))
+def test_every_shipped_experiment_composes_and_validates(tmp_path, experiment):
+    """Each ``conf/experiment/*.yaml`` composes with the schema, becomes typed options and
+    passes the checks made before any work (a misspelt or retyped key fails here)."""
+    from pdefit.app.config import to_options
+    from pdefit.app.validate import validate_fit
+
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        composed = compose(config_name="fit", overrides=[f"run.dir={tmp_path}",
+                                                          f"experiment={experiment}"])
+    validate_fit(to_options(composed), log=lambda _: None)

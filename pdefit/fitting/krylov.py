@@ -116,9 +116,11 @@ def scaling(curvature: MatrixFree, theta: Any, batch: Batch, key: jax.Array,
     problem = curvature.problem
     flat = ravel_pytree(theta["params"])[0]
     columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
-    _, _, matrix = gn.curvature_function(problem)(theta, batch, free=columns)
-    floor = 1e-12 * jnp.maximum(jnp.max(jnp.diag(matrix)), jnp.finfo(flat.dtype).tiny)
-    params_diag = jnp.ones_like(flat).at[columns].set(jnp.maximum(jnp.diag(matrix), floor))
+    params_diag = jnp.ones_like(flat)
+    if len(columns):  # held or no parameters: only the fields are scaled
+        _, _, matrix = gn.curvature_function(problem)(theta, batch, free=columns)
+        floor = 1e-12 * jnp.maximum(jnp.max(jnp.diag(matrix)), jnp.finfo(flat.dtype).tiny)
+        params_diag = params_diag.at[columns].set(jnp.maximum(jnp.diag(matrix), floor))
     fields = theta.get("fields", {})
     probe_fields = {name: jax.random.rademacher(k, x.shape, x.dtype) for (name, x), k in zip(
         sorted(fields.items()), jax.random.split(key, max(len(fields), 1)), strict=False)}

@@ -3,9 +3,11 @@
 Owns the training state (:class:`TrainState`: everything a step depends on, as arrays — what a
 checkpoint saves), the optax chains (gradient clipping, learning-rate schedules, adam, adamw,
 sgd, L-BFGS with its zoom line search) and Levenberg–Marquardt with Nielsen's damping update,
-and the two updates the loop of :mod:`pdefit.fitting.train` runs: :func:`make_update` (optax)
-and :func:`make_damped_update` (Levenberg–Marquardt). Each computes loss, gradient and the
-step in one jitted program and returns the candidate state with a :class:`StepReport`.
+and the updates the loop of :mod:`pdefit.fitting.train` runs: :func:`make_update` (optax),
+:func:`make_damped_update` (Levenberg–Marquardt on the dense curvature of scalar parameters)
+and :func:`make_matrix_free_update` (Levenberg–Marquardt with fitted initial fields). Each
+computes loss, gradient and the step in one jitted program and returns the candidate state
+with a :class:`StepReport`.
 
 Step control (:class:`StepLimits`, from the parameters' specs): every update, of every
 optimiser, is clipped so that no log-transformed parameter changes by more than a factor
@@ -314,7 +316,7 @@ def _free_positions(params: Mapping[str, Any], hold: Collection[str]) -> np.ndar
     dict's leaves in key order), from shapes only: static under ``jit``."""
     flags = jax.tree.leaves({name: np.full(np.shape(value), name in hold)
                              for name, value in params.items()})
-    return np.flatnonzero(~np.concatenate([np.ravel(f) for f in flags]))
+    return np.flatnonzero(~np.concatenate([np.ravel(f) for f in flags] or [np.zeros(0, bool)]))
 
 
 def make_update(loss: Callable, optimizer: optax.GradientTransformation,

@@ -233,7 +233,8 @@ class FitProblem:
         from the first guess and roughness, each a mean over cells and experiments."""
         reg = self.regularization
         total = jnp.zeros(())
-        periodic = [1 + a for a, kind in enumerate(self.grid.boundaries) if kind == "periodic"]
+        boundaries = getattr(self.grid, "boundaries", ())
+        periodic = [1 + a for a, kind in enumerate(boundaries) if kind == "periodic"]
         for name, field in theta.get("fields", {}).items():
             if reg.field_smoothness:
                 total = total + reg.field_smoothness * smoothness(field, (1, 2), periodic)
