@@ -82,8 +82,9 @@ def test_matrix_free_solve_equals_dense_levenberg_marquardt_on_scalars():
     np.testing.assert_allclose(ravel_pytree(diagonal["params"])[0], np.diag(matrix),
                                rtol=1e-10)
     damping = 0.01
-    delta = krylov.damped_solve(lambda v: mf.product(theta, batch, v), grad, diagonal,
-                                jnp.asarray(damping), 50, 1e-12)
+    delta, iterations = krylov.damped_solve(lambda v: mf.product(theta, batch, v), grad,
+                                            diagonal, jnp.asarray(damping), 50, 1e-12)
+    assert 1 <= int(iterations) <= 50
     g = ravel_pytree(grad["params"])[0]
     dense = np.linalg.solve(matrix + damping * np.diag(np.diag(matrix)), -g)
     np.testing.assert_allclose(ravel_pytree(delta["params"])[0], dense, rtol=1e-7)

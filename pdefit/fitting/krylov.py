@@ -135,9 +135,9 @@ def scaling(curvature: MatrixFree, theta: Any, batch: Batch, key: jax.Array,
 
 
 def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
-                 damping: jax.Array, iterations: int, rtol: float) -> Any:
-    """δ ≈ −(G + λD)⁻¹ g by at most ``iterations`` steps of conjugate gradients
-    preconditioned by ((1 + λ)D)⁻¹ (``product``: v ↦ G·v; D: ``diagonal``)."""
+                 damping: jax.Array, iterations: int, rtol: float) -> tuple[Any, jax.Array]:
+    """(δ ≈ −(G + λD)⁻¹ g, the iterations taken) by at most ``iterations`` steps of conjugate
+    gradients preconditioned by ((1 + λ)D)⁻¹ (``product``: v ↦ G·v; D: ``diagonal``)."""
     structure = jax.eval_shape(lambda: gradient)
 
     def damped(v):
@@ -154,7 +154,8 @@ def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
         operator, rhs, lx.CG(rtol=rtol, atol=0.0, max_steps=iterations),
         options={"preconditioner": preconditioner}, throw=False)
     # An iterate that stopped at the step cap is still a descent direction (truncated CG).
-    return jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), solution.value)
+    return (jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), solution.value),
+            jnp.asarray(solution.stats["num_steps"], jnp.int32))
 
 
 def held_mask(theta: Any, hold: Collection[str]) -> Any:

@@ -409,7 +409,8 @@ def make_matrix_free_update(loss: Callable, curvature: MatrixFree, cfg: OptimCon
     ``cfg.krylov_iterations`` conjugate-gradient iterations on the matrix-free products of
     :mod:`pdefit.fitting.krylov` (D: the parameters' exact Gauss–Newton diagonal, one
     estimate per field), and is kept or rejected by the same rule (the predicted decrease
-    from one more product, G·δ, at the step actually tried)."""
+    from one more product, G·δ, at the step actually tried). Its report counts the sweeps
+    over the window: :data:`MATRIX_FREE_SWEEPS` and one per conjugate-gradient iteration."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
@@ -429,8 +430,8 @@ def make_matrix_free_update(loss: Callable, curvature: MatrixFree, cfg: OptimCon
             return masked(curvature.product(theta, batch, masked(v)))
 
         damping = state.opt_state.damping
-        delta = damped_solve(product, grad, diagonal, damping, cfg.krylov_iterations,
-                             cfg.krylov_rtol)
+        delta, iterations = damped_solve(product, grad, diagonal, damping,
+                                         cfg.krylov_iterations, cfg.krylov_rtol)
         trial_theta, _, _ = limit_step(theta, jax.tree.map(
             lambda t, d: t + state.lr_scale.astype(t.dtype) * d, theta, delta), limits)
         delta = jax.tree.map(jnp.subtract, trial_theta, theta)
@@ -444,9 +445,15 @@ def make_matrix_free_update(loss: Callable, curvature: MatrixFree, cfg: OptimCon
         lr_scale = jnp.where(accept, jnp.minimum(1.0, 2.0 * state.lr_scale), state.lr_scale)
         return (_advanced(state, new, opt_state, value)._replace(
                     lr_scale=lr_scale.astype(state.lr_scale.dtype)),
-                _report(state, value, grad_norm, finite, 2, describe, at_bound))
+                _report(state, value, grad_norm, finite, MATRIX_FREE_SWEEPS + iterations,
+                        describe, at_bound))
 
     return update
+
+
+# Sweeps of a matrix-free step besides its conjugate-gradient iterations (each one product):
+# loss and gradient, the parameters' tangents for D, the fields' probe, G·δ, the trial loss.
+MATRIX_FREE_SWEEPS = 5
 
 
 def _dot(a: Any, b: Any) -> jax.Array:
