@@ -130,7 +130,8 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
     observation, observed = _observed(cfg, system, derived, reader)
     initial, from_observed = _initial_fields(cfg, system, grid, reader, source, fitted_fields)
     start = _parameters(cfg, system, params, source, len(window.experiments), dtype)
-    guesses = _first_guesses(cfg, system, reader, fitted_fields, start.values)
+    guesses = _first_guesses(tuple(cfg.observe.fields), system, reader, fitted_fields,
+                             start.values)
     fields0 = _start_fields(cfg, grid, reader, source, fitted_fields,
                             {**guesses, **from_observed}, start.warm_fields)
     theta0 = _theta0(start, fields0, domain)
@@ -370,13 +371,14 @@ def _check_fitted_names(cfg: FitConfig, system: System, fitted: list[str],
                           f"is {fitted}); a per-experiment parameter must also be fitted")
 
 
-def _first_guesses(cfg: FitConfig, system: System, reader: Reader,
+def _first_guesses(observe: tuple[str, ...], system: System, reader: Reader,
                    fitted_fields: tuple[str, ...], values: dict[str, Any]) -> dict[str, Any]:
     """The system's first guess (its ``initial_guess`` hook) of the fitted fields that are not
-    observed, from the observed first frames and the start parameters (empty without it)."""
+    observed (``observe``: the observed names), from the observed first frames and the start
+    parameters (empty without the hook)."""
     guess = getattr(system, "initial_guess", None)
-    observed = [f for f in cfg.observe.fields if f in system.fields]
-    wanted = [f for f in fitted_fields if f not in cfg.observe.fields]
+    observed = [f for f in observe if f in system.fields]
+    wanted = [f for f in fitted_fields if f not in observe]
     if guess is None or not wanted or not observed:
         return {}
     frames = {f: jnp.nan_to_num(reader.first_frame(f)) for f in observed}

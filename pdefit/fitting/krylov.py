@@ -22,7 +22,7 @@ One device, shared parameters (like the dense Levenberg–Marquardt).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -156,10 +156,3 @@ def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
     # An iterate that stopped at the step cap is still a descent direction (truncated CG).
     return (jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), solution.value),
             jnp.asarray(solution.stats["num_steps"], jnp.int32))
-
-
-def held_mask(theta: Any, hold: Collection[str]) -> Any:
-    """1 at the free entries of θ, 0 at the held parameters' (a pytree like ``theta``)."""
-    ones = jax.tree.map(jnp.ones_like, theta)
-    return {**ones, "params": {n: (jnp.zeros_like(v) if n in hold else v)
-                               for n, v in ones["params"].items()}}

@@ -28,7 +28,7 @@ import optax
 from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec, Sharding, SingleDeviceSharding
 
-from pdefit.fitting.krylov import MatrixFree, damped_solve, held_mask
+from pdefit.fitting.krylov import MatrixFree, damped_solve
 from pdefit.model.params import ParameterLayout
 from pdefit.options import OptimConfig
 
@@ -416,10 +416,9 @@ def make_matrix_free_update(loss: Callable, curvature: MatrixFree, cfg: OptimCon
     def update(state: TrainState, batch: Any):
         theta = state.theta
         free = _free_positions(theta["params"], hold)
-        mask = held_mask(theta, hold)
 
         def masked(tree):
-            return jax.tree.map(jnp.multiply, tree, mask)
+            return _zero_held(tree, hold)
 
         value, grad = jax.value_and_grad(loss)(theta, batch)
         grad = masked(grad)
