@@ -37,6 +37,7 @@ from pdefit import data as zd
 from pdefit.app.config import typed_options
 from pdefit.app.validate import validate_discretization_check
 from pdefit.fitting import assemble, discretization, multistart, outcome, synthetic
+from pdefit.fitting import shooting as multiple_shooting
 from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
 from pdefit.model.system import System, made_by, system_reference
@@ -345,7 +346,8 @@ def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -
 def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         progress: bool = False, run_dir: str | PathLike | None = None,
         discretization_check: bool | Mapping[str, Any] = True, uncertainty: bool = True,
-        starts: int = 1, **options: Any) -> FitResult:
+        starts: int = 1, shooting: int = 1, continuity: float = 0.03,
+        **options: Any) -> FitResult:
     """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
     ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
     :class:`pdefit.options.OptimConfig` (``lr``, ``grad_tol``, ``patience``, ...), the
@@ -360,8 +362,13 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     ``starts`` > 1: a multi-start (:mod:`pdefit.fitting.multistart`): the given start and
     ``starts`` − 1 more (its shared scalars × U(0.5, 1.5), seeds 1, 2, ...), each probed for
     10 % of the steps; the fit continues from the best probe (``FitResult.history``'s run
-    starts there; ``start`` is the winning start)."""
+    starts there; ``start`` is the winning start).
+    ``shooting`` > 1: first that many segments joined by ``continuity`` × their mean squared
+    gaps (:mod:`pdefit.fitting.shooting`; checkpoints in ``run_dir/shooting``), then one
+    trajectory from their result, each up to ``steps`` steps (``fit.shooting`` in the CLI)."""
     cfg = optimizer_config(optimizer, steps, **options)
+    if int(shooting) != shooting or shooting < 1:
+        raise ValueError(f"shooting must be a segment count >= 1, got {shooting!r}")
     if starts > 1:
         setup, _ = multistart.choose(
             [setup, *(multistart.perturbed(setup, 0.5, 1.5, i) for i in range(1, starts))],
@@ -379,8 +386,12 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
                 "start": {k: float(v) for k, v in setup.start_values.items()},
                 "n_steps": problem.n_steps, "dt": float(problem.dt),
                 "integrator": problem.integrator}
+    theta0 = setup.theta0
+    if shooting > 1:
+        theta0 = _shot(setup, cfg, multiple_shooting.Shooting(int(shooting), float(continuity)),
+                       identity, out, progress)
     state, history = run_fit(
-        problem.loss, setup.theta0, setup.batch, cfg, describe=problem.scalar_values,
+        problem.loss, theta0, setup.batch, cfg, describe=problem.scalar_values,
         progress=progress, log=log.info, curvature=curvature, config=identity,
         metrics_path=None if out is None else out / "metrics.jsonl",
         checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR),
@@ -392,6 +403,23 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
                      list(history.losses), float(history.best_loss), int(state.step), theta,
                      history, report, stop_reason=history.stop_reason,
                      uncertainty=intervals, residual=residual)
+
+
+def _shot(setup: FitSetup, cfg: OptimConfig, shooting: multiple_shooting.Shooting,
+          identity: dict[str, Any], out: Path | None, progress: bool) -> Any:
+    """The multiple-shooting stage of :func:`fit` (checkpointed in ``out/shooting``): its best
+    θ without the segments, where the fit of one trajectory starts."""
+    problem = dataclasses.replace(setup.problem, shooting=shooting)
+    within = None if out is None else out / "shooting"
+    _, history = run_fit(
+        problem.loss, multiple_shooting.with_segments(problem, setup.theta0, setup.batch),
+        setup.batch, cfg, describe=problem.scalar_values, progress=progress, log=log.info,
+        curvature=curvature_for(problem) if cfg.name == LEVENBERG_MARQUARDT else None,
+        config={**identity, "shooting": [shooting.segments, shooting.continuity]},
+        metrics_path=None if within is None else within / "metrics.jsonl",
+        checkpoint=None if within is None else CheckpointOptions(within / CHECKPOINT_DIR),
+        layout=problem.layout)
+    return multiple_shooting.with_segments(setup.problem, history.best_theta, setup.batch)
 
 
 def _discretization_options(requested: bool | Mapping[str, Any], problem: Any,

@@ -133,6 +133,17 @@ class PerturbConfig:
 
 
 @dataclass(frozen=True)
+class ShootingConfig:
+    """Multiple shooting (pdefit.fitting.shooting): with ``segments`` > 1 every stage but the
+    last cuts its window into that many segments, each from a fitted state of its own, joined
+    by ``continuity`` × the mean squared gap per field (in the misfit's units); the last stage
+    (added when there is one stage) fits one trajectory from the result."""
+
+    segments: int = 1
+    continuity: float = 0.03
+
+
+@dataclass(frozen=True)
 class DiscretizationCheckConfig:
     """After the fit, the fitted model is run again over the training window at
     ``system.dt / dt_factor`` (and, with ``grid_factor`` > 1, on the grid refined that many
@@ -184,6 +195,8 @@ class FitSpecConfig:
     # ({name: N}), fitted from stage N + 1 on: e.g. `+fit.hold.NAME=1` keeps NAME at its
     # start in the first, shortest window, whose data barely see it; N = 0: not held.
     hold: dict[str, int] = field(default_factory=dict)
+    # Multiple shooting over the training window (segments: 1 = one trajectory).
+    shooting: ShootingConfig = field(default_factory=ShootingConfig)
     # Standard errors and 95 % intervals of the fitted shared scalars after the fit
     # (pdefit.fitting.uncertainty): one forward-tangent sweep over the training window.
     uncertainty: bool = True

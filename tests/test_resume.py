@@ -294,6 +294,32 @@ def test_staged_fit_with_a_hold_resumes_inside_a_stage_bit_for_bit(tmp_path):
         assert len(held) == 8 and len(set(held)) == 1
 
 
+def test_multiple_shooting_fit_resumes_inside_its_shooting_stage_bit_for_bit(tmp_path):
+    """``fit.shooting.segments=2`` without stages: a shooting stage (matrix-free
+    Levenberg–Marquardt over k, a, v(0) and the second segment's start), then one trajectory
+    on the same window. Preempted inside the shooting stage, the rerun resumes to the
+    uninterrupted run's result bit for bit, and the summary says the fit shot."""
+    overrides = ["precision=float64", "optim=levenberg_marquardt", "optim.steps=6",
+                 "optim.grad_tol=0", "optim.initial_damping=1.0", "optim.krylov_iterations=5",
+                 "fit.params=[k,a]", "observe.fields=[u]", "+fit.initial_fields.v=fit",
+                 "fit.shooting.segments=2", "run.checkpoint_every=2"]
+    reference = cli.fit(make_config(tmp_path / "whole", *overrides))
+    assert reference["shooting"] == {"segments": 2, "continuity": 0.03, "stages": 1}
+    assert reference["stages"] == [None, None]
+    run_dir = tmp_path / "interrupted"
+    cfg = make_config(run_dir, *overrides)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cli, "run_fit",
+                      functools.partial(cli.run_fit, on_step=signal_at({3: signal.SIGTERM})))
+        with pytest.raises(Preempted):
+            cli.fit(cfg)
+    assert not (run_dir / "stage-1").exists()  # stopped inside the shooting stage
+    resumed = cli.fit(cfg)
+    assert resumed["restarts"] == 1
+    assert resumed["parameters"] == reference["parameters"]
+    assert resumed["uncertainty"]["available"]  # from the last stage: one trajectory
+
+
 def test_a_key_added_after_a_run_was_saved_counts_as_its_default():
     """A run saved before an option existed resumes when the option keeps its default, and is
     refused when the option is set to something else."""

@@ -60,6 +60,12 @@ BAD = {
                                       "system.grid.shape=[100000, 100000]: one state of"),
     "one simulated frame": (["simulate.n_frames=1"], "simulate.n_frames=1: a dataset needs at "
                                                      "least 2 frames"),
+    "no segments": (["fit.shooting.segments=0"],
+                    "fit.shooting.segments must be an integer >= 1"),
+    "no continuity": (["fit.shooting.segments=2", "fit.shooting.continuity=0"],
+                      "fit.shooting.continuity must be > 0"),
+    "shooting on a mesh": (["fit.shooting.segments=2", "mesh.shape=[2,1]"],
+                           "fit.shooting.segments=2: multiple shooting runs on one device"),
     "grid that does not split over the mesh": (
         ["mesh.shape=[3,1]"], "mesh.shape=[3, 1]: grid axis y of"),
 }

@@ -49,7 +49,7 @@ from pdefit.app.validate import (
     validate_fit,
     validate_simulate,
 )
-from pdefit.fitting import assemble, multistart
+from pdefit.fitting import assemble, multistart, shooting
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
 from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.ranking import format_ranking, rank_parameters, write_ranking
@@ -256,7 +256,8 @@ def _take_run_dir(cfg: FitConfig, out: Path, dtype: Any, lock: DirectoryLock,
     open_run_record(out, cfg)
     dataset = _dataset_for(cfg, out, dtype)
     _stop_if_signalled(preemption, "after the dataset was made")
-    windows = window_stages(cfg, zd.open_dataset(dataset).meta.n_frames)
+    windows, _ = shooting.stages(cfg.fit.shooting.segments,
+                                 window_stages(cfg, zd.open_dataset(dataset).meta.n_frames))
     holds = stage_holds(cfg, len(windows))
     if lead:
         write_text_atomic(out / "config.yaml", to_yaml(cfg))
@@ -267,10 +268,16 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
     """The optimiser on each training window in turn, each stage from the previous one's
     best θ, checkpointed in its own directory (``stage-<i>/`` when there are several)."""
     theta, first, setup, results = None, None, None, []
+    _, segments = shooting.stages(cfg.fit.shooting.segments, run.windows)
     for index, frames in enumerate(run.windows):
         stage_cfg = cfg if frames is None else dataclasses.replace(
             cfg, data=dataclasses.replace(cfg.data, frames=frames))
+        stage_cfg = dataclasses.replace(stage_cfg, fit=dataclasses.replace(
+            stage_cfg.fit, shooting=dataclasses.replace(stage_cfg.fit.shooting,
+                                                        segments=segments[index])))
         setup = assemble.build_fit(stage_cfg, run.dataset, run.dtype)
+        if theta is not None:  # the segments' starts from the run of the previous result
+            theta = shooting.with_segments(setup.problem, theta, setup.batch)
         if first is None:  # before anything is compiled
             validate_discretization_check(cfg.fit.discretization_check, problem=setup.problem)
             setup = multistart.choose_start(stage_cfg, setup, run.dataset, run.dtype,
@@ -285,8 +292,10 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
         theta = history.best_theta
         results.append((int(state.step), history))
         if len(run.windows) > 1:
-            log.info(f"stage {index + 1}/{len(run.windows)} ({len(frames)} frames, "
-                     f"{setup.problem.n_steps} steps): loss {history.losses[0]:.3e} → "
+            counted = "all" if frames is None else len(frames)
+            shot = f", {segments[index]} segments" if segments[index] > 1 else ""
+            log.info(f"stage {index + 1}/{len(run.windows)} ({counted} frames, "
+                     f"{setup.problem.n_steps} steps{shot}): loss {history.losses[0]:.3e} → "
                      f"{history.best_loss:.3e}")
     return _staged(run.windows, first, setup, results)
 
@@ -313,8 +322,11 @@ def _stage_progress(cfg: FitConfig, n_steps: int, stages: list[list[int] | None]
     later stages' work (each up to optim.steps steps, costing in proportion to its frames)
     for the estimate of the whole fit's remaining time."""
     frames = stages[index]
-    if frames is None or len(stages) == 1:
+    if len(stages) == 1:
         label, later = "fit", 0.0
+    elif frames is None:  # multiple shooting, then one trajectory, on the same window
+        label = f"stage {index + 1}/{len(stages)}"
+        later = float(cfg.optim.steps * (len(stages) - index - 1))
     else:
         label = f"stage {index + 1}/{len(stages)} ({len(frames)} frames)"
         later = sum(cfg.optim.steps * len(f) / len(frames) for f in stages[index + 1:])

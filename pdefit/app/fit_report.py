@@ -66,6 +66,10 @@ def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path,
                            {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
                            uncertainty.get("parameters"))
     summary = _summary(fit, rows, uncertainty)
+    if cfg.fit.shooting.segments > 1:  # every stage but the last (one trajectory) shot
+        summary["shooting"] = {"segments": int(cfg.fit.shooting.segments),
+                               "continuity": float(cfg.fit.shooting.continuity),
+                               "stages": len(fit.windows) - 1}
     summary["discretization_check"] = _discretization_check(cfg, setup, theta, curvature)
     summary["uncertainty"] = discretization.mark_intervals(
         uncertainty, summary["discretization_check"])

@@ -198,7 +198,21 @@ def _fit(cfg: FitConfig) -> None:
             _at_least(f"fit.stages[{i}]", k, 2)
     _hold(cfg)
     _starts(cfg)
+    _shooting(cfg)
     validate_discretization_check(fit.discretization_check)
+
+
+def _shooting(cfg: FitConfig) -> None:
+    """``fit.shooting``: a segment count ≥ 1, a positive continuity weight, one device (no
+    more segments than steps: checked with the problem, by
+    :func:`pdefit.fitting.assemble.build_fit`)."""
+    segments = _at_least("fit.shooting.segments", cfg.fit.shooting.segments, 1)
+    _positive("fit.shooting.continuity", cfg.fit.shooting.continuity)
+    mesh = cfg.mesh
+    if segments > 1 and (math.prod(mesh.shape) > 1 or mesh.experiments > 1
+                         or mesh.all_devices):
+        raise ConfigError(f"fit.shooting.segments={segments}: multiple shooting runs on one "
+                          "device; use mesh=single or fit.shooting.segments=1")
 
 
 def _starts(cfg: FitConfig) -> None:

@@ -20,6 +20,7 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from pdefit import data as zd
+from pdefit.fitting import shooting
 from pdefit.fitting.components import (
     check_dynamics,
     check_tiled_step,
@@ -141,6 +142,8 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
         raise ConfigError("the training window has no time steps: use at least two frames")
     # The fitted fields' first guess is the background their prior pulls towards.
     batch = Batch(observed, initial, dict(theta0["fields"]))
+    # Multiple shooting: the segments start from the run of that first guess.
+    theta0 = shooting.with_segments(problem, theta0, batch)
     # The table of start/recovered values shows numbers: shared scalars only.
     return FitSetup(problem, batch, theta0,
                     {n: float(start.values[n]) for n in start.layout.scalars},
@@ -436,12 +439,18 @@ def _problem(cfg: FitConfig, system: System, grid: Grid, source: Source, window:
     (``adjoint.*``) and regularization."""
     state_bytes = sum(np.prod(grid.shape) * jnp.dtype(dtype).itemsize for _ in system.fields)
     schedule = make_schedule(cfg.adjoint, int(state_bytes))
-    return FitProblem(
-        system=system, grid=grid, dt=float(cfg.system.dt), integrator=cfg.system.integrator,
-        n_steps=window.n_steps, layout=layout, observation=observation, schedule=schedule,
-        fitted_fields=fitted_fields,
-        t0=float(source.meta.times[window.frames[0]]) / source.time_scale,
-        regularization=make_regularization(cfg, layout, system, grid), domain=domain)
+    segments = int(cfg.fit.shooting.segments)
+    try:
+        return FitProblem(
+            system=system, grid=grid, dt=float(cfg.system.dt),
+            integrator=cfg.system.integrator, n_steps=window.n_steps, layout=layout,
+            observation=observation, schedule=schedule, fitted_fields=fitted_fields,
+            t0=float(source.meta.times[window.frames[0]]) / source.time_scale,
+            regularization=make_regularization(cfg, layout, system, grid), domain=domain,
+            shooting=(shooting.Shooting(segments, float(cfg.fit.shooting.continuity))
+                      if segments > 1 else None))
+    except shooting.ShootingError as err:
+        raise ConfigError(f"fit.shooting.segments={segments}: {err}") from None
 
 
 def _warm_start(cfg: FitConfig, system: System, fitted: list[str], per_experiment: list[str],

@@ -115,17 +115,31 @@ def curvature_function(problem: Any) -> Callable[..., tuple[Any, Any, Any]]:
     matrix, as :mod:`pdefit.fitting.krylov` scales its steps by."""
 
     def curvature(theta, batch, x0_directions=None, free=None):
-        flat, unravel = ravel_pytree(theta["params"])
-        columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
-        fitted = _Flat(flat, unravel, columns)
-        params, tangents = _parameter_tangents(problem, theta, fitted)
         x0 = problem.initial_state(theta, batch)
-        tangents, x0_tangents = _initial_tangents(x0, len(columns), tangents, x0_directions)
-        values, grads, matrices = _experiment_terms(problem, params, tangents, x0, x0_tangents,
-                                                    batch.observed)
-        return _mean_with_penalty(problem, theta, fitted, values, grads, matrices)
+
+        def terms(params, tangents):
+            k = jax.tree.leaves(tangents)[0].shape[0]
+            tangents, x0_tangents = _initial_tangents(x0, k, tangents, x0_directions)
+            return _experiment_terms(problem, params, tangents, x0, x0_tangents,
+                                     batch.observed)
+
+        return parameter_block(problem, theta, terms, free)
 
     return curvature
+
+
+def parameter_block(problem: Any, theta: Any,
+                    terms: Callable[[Any, Any], tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]],
+                    free: Any = None) -> tuple[Any, Any, Any]:
+    """(loss, gradient, G) over the ``free`` positions of ``theta["params"]`` flattened (all:
+    None), from ``terms(params, tangents)`` — the physical parameters and their k tangents
+    → (L, g, G) of every experiment (stacked) — plus the penalty's exact Hessian."""
+    flat, unravel = ravel_pytree(theta["params"])
+    columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
+    fitted = _Flat(flat, unravel, columns)
+    params, tangents = _parameter_tangents(problem, theta, fitted)
+    values, grads, matrices = terms(params, tangents)
+    return _mean_with_penalty(problem, theta, fitted, values, grads, matrices)
 
 
 class _Flat(NamedTuple):

@@ -16,12 +16,16 @@ conjugate gradients (lineax's ``CG``), the inner loop of incremental 4D-Var:
   one number, the mean of z ⊙ Gz over its cells for a random ±1 probe z (Hutchinson's
   estimator), since a field's cells differ less from each other than from the parameters.
 
+With multiple shooting (:mod:`pdefit.fitting.shooting`) the segments' starts are unknowns
+like the fitted fields, and the gaps between segments residuals like the frames.
+
 One device, shared parameters (like the dense Levenberg–Marquardt).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +36,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from pdefit.fitting import gauss_newton as gn
+from pdefit.fitting import shooting
 from pdefit.fitting.observe import ObservedData
 from pdefit.fitting.problem import Batch, FitProblem
 
@@ -60,7 +65,7 @@ def curvature_for(problem: FitProblem) -> Callable[..., Any] | MatrixFree:
     """What Levenberg–Marquardt needs of ``problem``: the dense parameter curvature, or the
     matrix-free products when initial fields are fitted too (ValueError for fits neither
     covers: several devices, per-experiment parameters)."""
-    if problem.fitted_fields:
+    if problem.fitted_fields or problem.shooting is not None:
         gn.require_scalar_shared_fit(problem, fields=True)
         return MatrixFree(problem)
     return gn.gauss_newton(problem)
@@ -96,11 +101,22 @@ def predictions(problem: FitProblem, theta: Any, batch: Batch) -> dict[str, jnp.
 
 
 def gauss_newton_product(problem: FitProblem, theta: Any, batch: Batch, v: Any) -> Any:
-    """G·v of the loss (see the module docstring)."""
-    predicted, response = jax.jvp(lambda t: predictions(problem, t, batch), (theta,), (v,))
+    """G·v of the loss (see the module docstring). With multiple shooting the segments' gaps
+    (end − next start) are residuals too, shifted by ``Batch.continuity_offset`` as the
+    frames are by their data."""
+    if problem.shooting is None:
+        predicted, response = jax.jvp(lambda t: predictions(problem, t, batch), (theta,),
+                                      (v,))
+        offset = {}
+    else:
+        (predicted, gaps), (response, gap_response) = jax.jvp(
+            lambda t: shooting.predictions(problem, t, batch), (theta,), (v,))
+        offset = jax.tree.map(lambda p, dp: jax.lax.stop_gradient(p - dp), gaps,
+                              gap_response)
     shifted = jax.tree.map(lambda p, dp: jax.lax.stop_gradient(p - dp), predicted, response)
     linearised = batch._replace(observed=ObservedData(
-        shifted, batch.observed.weights, batch.observed.scale, batch.observed.slot_of_step))
+        shifted, batch.observed.weights, batch.observed.scale, batch.observed.slot_of_step),
+        continuity_offset=offset)
     data_part = jax.grad(problem.data_loss)(theta, linearised)
 
     def prior(t):
@@ -118,20 +134,27 @@ def scaling(curvature: MatrixFree, theta: Any, batch: Batch, key: jax.Array,
     columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
     params_diag = jnp.ones_like(flat)
     if len(columns):  # held or no parameters: only the fields are scaled
-        _, _, matrix = gn.curvature_function(problem)(theta, batch, free=columns)
+        curvature_of = (gn.curvature_function(problem) if problem.shooting is None
+                        else functools.partial(shooting.parameter_curvature, problem))
+        _, _, matrix = curvature_of(theta, batch, free=columns)
         floor = 1e-12 * jnp.maximum(jnp.max(jnp.diag(matrix)), jnp.finfo(flat.dtype).tiny)
         params_diag = params_diag.at[columns].set(jnp.maximum(jnp.diag(matrix), floor))
-    fields = theta.get("fields", {})
-    probe_fields = {name: jax.random.rademacher(k, x.shape, x.dtype) for (name, x), k in zip(
-        sorted(fields.items()), jax.random.split(key, max(len(fields), 1)), strict=False)}
-    probe = {**jax.tree.map(jnp.zeros_like, theta), "fields": probe_fields}
-    response = curvature.product(theta, batch, probe)["fields"]
+    # Each fitted field, and each field of the segments' starts, gets one Hutchinson number.
+    groups = [g for g in ("fields", shooting.SEGMENTS) if theta.get(g)]
+    named = [(g, name, x) for g in groups for name, x in sorted(theta[g].items())]
+    keys = jax.random.split(key, max(len(named), 1))
+    probe = jax.tree.map(jnp.zeros_like, theta)
+    for (group, name, x), k in zip(named, keys, strict=False):
+        probe[group] = {**probe[group], name: jax.random.rademacher(k, x.shape, x.dtype)}
+    response = curvature.product(theta, batch, probe)
     top = jnp.max(params_diag[columns]) if len(columns) else jnp.ones((), flat.dtype)
-    field_diag = {name: jnp.full_like(z, jnp.maximum(jnp.mean(z * response[name]),
-                                                      1e-12 * top))
-                  for name, z in probe_fields.items()}
+    scaled = {group: {} for group in groups}
+    for group, name, _ in named:
+        z = probe[group][name]
+        scaled[group][name] = jnp.full_like(z, jnp.maximum(
+            jnp.mean(z * response[group][name]), 1e-12 * top))
     unravel = ravel_pytree(theta["params"])[1]
-    return {**theta, "params": unravel(params_diag), "fields": field_diag}
+    return {**theta, "params": unravel(params_diag), **scaled}
 
 
 def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 
 from pdefit.adjoint import LossChain, Schedule
+from pdefit.fitting import shooting as multiple_shooting
 from pdefit.fitting.observe import Observation, ObservedData, observable_names
 from pdefit.model.params import ParameterLayout
 from pdefit.model.system import System, stepper
@@ -37,6 +38,9 @@ class Batch(NamedTuple):
     # The first guess of fitted initial fields, (n_exp, ny, nx): the background the prior
     # ``Regularization.field_background`` pulls them towards (empty: no background).
     background: dict[str, jnp.ndarray] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
+    # Multiple shooting: a shift of the continuity's target per segment, field →
+    # (n_exp, M, ny, nx), set only inside Gauss–Newton products (empty: none).
+    continuity_offset: dict[str, jnp.ndarray] = {}  # noqa: RUF012 (as above)
 
 
 @dataclass(frozen=True)
@@ -74,8 +78,10 @@ class FitProblem:
     step ``dt`` from ``t0``; ``layout`` says which parameters are fitted and how they map to
     unconstrained values, ``observation`` which fields are compared with the data and how,
     ``schedule`` how the adjoint keeps its snapshots (:class:`~pdefit.adjoint.Revolve`, ...),
-    ``fitted_fields`` which initial fields are fitted, ``regularization`` the penalties and
-    ``domain`` the device mesh (None: one device).
+    ``fitted_fields`` which initial fields are fitted, ``regularization`` the penalties,
+    ``domain`` the device mesh (None: one device) and ``shooting`` the window's segments
+    (None: one trajectory; see :mod:`pdefit.fitting.shooting`, whose segments' starts are
+    ``theta["segments"]``).
 
     :meth:`loss` (``loss(theta, batch)``, jit- and grad-able) is the data misfit plus the
     penalties; its gradient is the exact discrete adjoint. :meth:`physical_params` maps
@@ -94,8 +100,10 @@ class FitProblem:
     t0: float = 0.0
     regularization: Regularization = Regularization()
     domain: Domain | None = None  # None: one device; else tiles and experiments over a mesh
+    shooting: multiple_shooting.Shooting | None = None  # None: single shooting
 
     def __post_init__(self) -> None:
+        multiple_shooting.check(self)
         unknown = [f for f in self.fitted_fields if f not in self.system.fields]
         derived = observable_names(self.system, self.grid)
         unknown += [f for f in self.observation.fields
@@ -173,7 +181,10 @@ class FitProblem:
         """Mean over experiments of the observation misfit. Per-experiment parameters are
         mapped over together with each experiment's initial state and data. On a mesh, every
         device runs the whole rollout (and its adjoint) on its own tile and experiments; the
-        partial misfits are summed across devices."""
+        partial misfits are summed across devices. With multiple shooting: every segment's
+        misfit plus their continuity (:func:`pdefit.fitting.shooting.data_loss`)."""
+        if self.shooting is not None:
+            return multiple_shooting.data_loss(self, theta, batch)
         params, per_experiment = self.layout.split(self.physical_params(theta))
         x0 = self.initial_state(theta, batch)
         obs = batch.observed

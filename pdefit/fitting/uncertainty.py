@@ -93,6 +93,9 @@ def unavailable_reason(problem: FitProblem, batch: Batch | None = None) -> str |
     """Why no intervals can be computed for ``problem`` (None: they can). With fitted initial
     fields they can, on ``batch``'s data, as a Schur complement (:mod:`pdefit.fitting.marginal`);
     without ``batch`` (the discretization check's parameter shift) they cannot."""
+    if problem.shooting is not None:
+        return ("multiple shooting: intervals come from the fit of one trajectory that "
+                "follows it")
     if problem.fitted_fields and batch is not None:
         return marginal.fields_reason(problem, misfit_weights(problem, batch))
     if problem.fitted_fields:
