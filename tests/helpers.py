@@ -74,6 +74,28 @@ def ap_problem(shape=(12, 12), boundaries=("neumann", "neumann"), n_steps=40, ev
     return problem, batch, theta_true, theta_start
 
 
+def voltage_only_setup(n_steps: int):
+    """``pdefit.build_problem`` on noisy u frames in memory (σ = 0.01, every 10 steps of dt
+    0.05 on 16², spun up for 100 steps first so that v belongs to the dynamics of u, as in a
+    recording: the synthetic bumps' v is unrelated to u and the first guess from u 8× off);
+    v never recorded, u(0) and v(0) fitted with k and a from (9, 0.12)."""
+    import pdefit
+
+    grid = Grid((16, 16), (1.0, 1.0))
+    params = {k: jnp.asarray(v, jnp.float64) for k, v in AP96.items()}
+    step = stepper(AlievPanfilov(), grid, "euler")
+    spun = simulate(step, {k: v[0] for k, v in ap_state(grid).items()}, params, 0.0, 0.05,
+                    100, 100)
+    frames = simulate(step, {k: v[-1] for k, v in spun.items()}, params, 0.0, 0.05, n_steps,
+                      10)
+    u = np.asarray(frames["u"]) + 0.01 * np.random.default_rng(0).standard_normal(
+        frames["u"].shape)
+    return pdefit.build_problem(
+        "aliev_panfilov", {"u": u}, fit=["k", "a"], start={"k": 9.0, "a": 0.12}, dt=0.05,
+        frame_interval=0.5, grid=grid, initial_fields={"u": "fit", "v": "fit"},
+        regularization={"field_background": 1e-4}, precision="float64")
+
+
 def configured_system(name: str):
     """(config dict, system, grid, parameters) of ``conf/system/<name>.yaml``."""
     from pdefit.systems import get_system

@@ -200,4 +200,7 @@ def test_residual_verdicts():
     estimated = {**block, "sigma_source": "residual"}
     assert residual_verdict(estimated)["verdict"] == "estimated"
     assert residual_verdict({**estimated, "residual_at_roundoff": True})["verdict"] == "roundoff"
+    # A twin fitted to its rounding: the discretization check's flag is no model error.
+    assert residual_verdict({**estimated, "residual_at_roundoff": True,
+                             "model_error_dominated": True})["verdict"] == "roundoff"
     assert residual_verdict({"available": False, "reason": "x"})["verdict"] == "unknown"

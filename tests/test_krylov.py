@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ap_problem
+from helpers import ap_problem, voltage_only_setup
 from jax.flatten_util import ravel_pytree
 
 from pdefit.adjoint import Revolve
@@ -166,28 +166,9 @@ def test_python_api_fits_hidden_fields_with_levenberg_marquardt():
     """``pdefit.build_problem`` on u frames in memory (noisy, v never recorded) with u(0) and
     v(0) fitted, and ``pdefit.fit(optimizer="levenberg_marquardt")``: the matrix-free path,
     k and a near the truth, intervals marginalised over the fields, a residual verdict."""
-    from helpers import ap_state
-
     import pdefit
-    from pdefit.model.system import stepper
-    from pdefit.numerics.grid import Grid
-    from pdefit.numerics.integrate import simulate
-    from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
-    grid = Grid((16, 16), (1.0, 1.0))
-    params = {k: jnp.asarray(v, jnp.float64) for k, v in AP96.items()}
-    step = stepper(AlievPanfilov(), grid, "euler")
-    # Spun up for 100 steps first: v then belongs to the dynamics of u, as in a recording
-    # (the synthetic bumps' v is unrelated to u, and the first guess from u is 8× off).
-    spun = simulate(step, {k: v[0] for k, v in ap_state(grid).items()}, params, 0.0, 0.05,
-                    100, 100)
-    frames = simulate(step, {k: v[-1] for k, v in spun.items()}, params, 0.0, 0.05, 200, 10)
-    u = np.asarray(frames["u"]) + 0.01 * np.random.default_rng(0).standard_normal(
-        frames["u"].shape)
-    setup = pdefit.build_problem(
-        "aliev_panfilov", {"u": u}, fit=["k", "a"], start={"k": 9.0, "a": 0.12}, dt=0.05,
-        frame_interval=0.5, grid=grid, initial_fields={"u": "fit", "v": "fit"},
-        regularization={"field_background": 1e-4}, precision="float64")
+    setup = voltage_only_setup(200)
     assert setup.problem.fitted_fields == ("u", "v")
     result = pdefit.fit(setup, optimizer="levenberg_marquardt", steps=15, initial_damping=1.0,
                         krylov_iterations=30, discretization_check=False)

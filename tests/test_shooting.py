@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ap_problem
+from helpers import ap_problem, voltage_only_setup
 from jax.flatten_util import ravel_pytree
 
 from pdefit.adjoint import Revolve
@@ -195,25 +195,9 @@ def test_python_api_shoots_then_fits_one_trajectory(tmp_path):
     """``pdefit.fit(shooting=3)`` on u frames in memory (noisy, v never recorded): the
     shooting stage checkpoints in ``run_dir/shooting``, the result is the one-trajectory fit
     after it, with k and a near the truth and intervals."""
-    from helpers import ap_state
-
     import pdefit
-    from pdefit.numerics.grid import Grid
-    from pdefit.numerics.integrate import simulate
-    from pdefit.systems.aliev_panfilov import AP96, AlievPanfilov
 
-    grid = Grid((16, 16), (1.0, 1.0))
-    params = {k: jnp.asarray(v, jnp.float64) for k, v in AP96.items()}
-    step = stepper(AlievPanfilov(), grid, "euler")
-    spun = simulate(step, {k: v[0] for k, v in ap_state(grid).items()}, params, 0.0, 0.05,
-                    100, 100)
-    frames = simulate(step, {k: v[-1] for k, v in spun.items()}, params, 0.0, 0.05, 300, 10)
-    u = np.asarray(frames["u"]) + 0.01 * np.random.default_rng(0).standard_normal(
-        frames["u"].shape)
-    setup = pdefit.build_problem(
-        "aliev_panfilov", {"u": u}, fit=["k", "a"], start={"k": 9.0, "a": 0.12}, dt=0.05,
-        frame_interval=0.5, grid=grid, initial_fields={"u": "fit", "v": "fit"},
-        regularization={"field_background": 1e-4}, precision="float64")
+    setup = voltage_only_setup(300)
     with pytest.raises(ValueError, match="shooting must be a segment count"):
         pdefit.fit(setup, optimizer="levenberg_marquardt", shooting=0)
     result = pdefit.fit(setup, optimizer="levenberg_marquardt", steps=10, initial_damping=1.0,

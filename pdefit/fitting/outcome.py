@@ -94,12 +94,14 @@ def residual_verdict(uncertainty: Mapping[str, Any]) -> dict[str, Any]:
 def _verdict(uncertainty: Mapping[str, Any], rms: float, sigma: float | None,
              chi2: float | None, dof: int) -> tuple[str, str]:
     """(verdict, message) of :func:`residual_verdict`."""
-    if uncertainty.get("model_error_dominated"):
-        return MODEL_ERROR, (f"RMS residual {rms:.3g} is partly discretization error (see the "
-                             "discretization check): the intervals take it for noise")
+    # First: a residual at the data's rounding holds no discretization error, however much
+    # the check's finer run moves the predictions against so small a residual.
     if uncertainty.get("residual_at_roundoff"):
         return ROUNDOFF, (f"RMS residual {rms:.3g} is at the data's rounding level: "
                           "noise-free data fitted to their precision")
+    if uncertainty.get("model_error_dominated"):
+        return MODEL_ERROR, (f"RMS residual {rms:.3g} is partly discretization error (see the "
+                             "discretization check): the intervals take it for noise")
     if chi2 is None:
         return ESTIMATED, (f"RMS residual {rms:.3g}; the dataset records no noise level, so "
                            "the intervals take the residual for noise (give it with "
