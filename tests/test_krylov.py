@@ -194,3 +194,32 @@ def test_fields_alone_are_fitted_by_matrix_free_steps():
     error = (history.best_theta["fields"]["v"] - truth["fields"]["v"]) * excited
     before = (start["fields"]["v"] - truth["fields"]["v"]) * excited
     assert float(jnp.linalg.norm(error)) < 0.1 * float(jnp.linalg.norm(before))
+
+
+def test_a_fit_of_initial_fields_alone_has_a_residual_verdict():
+    """No parameter fitted, so no intervals, but the residual is still set against the
+    recorded noise: u(0) and v(0) fitted to noisy u (σ = 0.01) end at the noise (reduced χ²
+    ≈ 1, verdict ``noise``); against a recorded σ ten times smaller the verdict is
+    ``above_noise``."""
+    from pdefit.fitting import outcome
+
+    sigma = 0.01
+    problem, batch, truth, start = ap_problem(shape=(8, 8), n_steps=40, every=5, fitted=(),
+                                              fit_fields=("u", "v"), observe=("u",),
+                                              noise=sigma)
+    start = {**start, "fields": {"u": batch.observed.values["u"][:, 0],
+                                 "v": truth["fields"]["v"] * 1.2}}
+    _, history = run_fit(problem.loss, start, batch, OptimConfig(
+        name="levenberg_marquardt", steps=20, clip=None, grad_tol=0.0, krylov_iterations=40,
+        initial_damping=1.0), progress=False, log=lambda _: None,
+        curvature=krylov.curvature_for(problem), layout=problem.layout)
+    block, _ = outcome.intervals(problem, history.best_theta, batch,
+                                 {"kind": "additive", "sigma": sigma}, log=lambda _: None)
+    assert not block["available"] and block["reason"] == "no fitted parameter"
+    assert block["residual"]["n_values"] == 9 * 64 - 64  # the fitted u(0) fits its own frame
+    verdict = outcome.residual_verdict(block)
+    assert verdict["verdict"] == "noise", verdict
+    assert 0.7 < verdict["reduced_chi2"] < 1.3
+    small, _ = outcome.intervals(problem, history.best_theta, batch,
+                                 {"kind": "additive", "sigma": sigma / 10}, log=lambda _: None)
+    assert outcome.residual_verdict(small)["verdict"] == "above_noise"

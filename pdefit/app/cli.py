@@ -385,8 +385,9 @@ def fit_main(cfg: DictConfig) -> None:
 
     Main keys: system=<name>, data.path (a Zarr dataset; data.frames, data.experiments),
     observe.fields, fit.params, fit.initial_fields.<field>=fit, fit.stages, fit.hold,
-    optim=<name> (optim.steps, optim.lr), adjoint=<schedule>, mesh=<layout>, precision,
-    run.name, run.dir, run.resume, run.plots, run.progress, run.log_every.
+    fit.shooting.segments, optim=<name> (optim.steps, optim.lr), adjoint=<schedule>,
+    mesh=<layout>, precision, run.name, run.dir, run.resume, run.plots, run.progress,
+    run.log_every.
 
     Examples:
       pdefit-fit                                   # the demo, about a minute on a laptop

@@ -461,9 +461,11 @@ def mark_intervals(intervals: Mapping[str, Any], result: Mapping[str, Any]) -> d
     ``model_error_dominated`` from the check's ``result``: true where the residual is partly
     discretization error, which the intervals take for noise (they then neither hold nor
     cover the bias), with a note saying so."""
-    if not intervals.get("available"):
-        return dict(intervals)
     flagged = bool(result.get("model_error_in_residual", False))
+    if not intervals.get("available"):
+        # Without intervals the residual's statistics (if any) carry the flag alone.
+        return ({**intervals, "model_error_dominated": flagged} if intervals.get("residual")
+                else dict(intervals))
     note = intervals.get("note")
     if flagged:
         note = MODEL_ERROR_NOTE if not note else f"{note}; {MODEL_ERROR_NOTE}"

@@ -18,6 +18,7 @@ from pdefit.fitting.uncertainty import (
     curvature_parts,
     estimate,
     known_sigma,
+    residual_statistics,
     unavailable_reason,
 )
 
@@ -48,7 +49,12 @@ def intervals(problem: FitProblem, theta: Any, batch: Batch,
     reason = unavailable_reason(problem, batch)
     if reason is not None:
         log(f"no parameter intervals: {reason}")
-        return {"available": False, "reason": reason}, None
+        block: dict[str, Any] = {"available": False, "reason": reason}
+        # A fit of initial fields alone still has a residual to set against the noise.
+        statistics = residual_statistics(problem, theta, batch, *noise_level(problem, noise))
+        if statistics is not None:
+            block["residual"] = statistics
+        return block, None
     log("parameter intervals: one forward-tangent sweep over the training window…")
     parts = curvature_parts(problem, theta, batch)
     sigma, source = noise_level(problem, noise)
@@ -74,6 +80,10 @@ def residual_verdict(uncertainty: Mapping[str, Any]) -> dict[str, Any]:
     (``dataset``, ``observe.noise_sigma`` or ``residual``), ``reduced_chi2`` (RSS / (dof σ²)
     against a known level; the RSS whitened by the fields' levels) and a one-line
     ``message``."""
+    if not uncertainty.get("available") and uncertainty.get("residual"):
+        # No intervals, but the residual's statistics (a fit of initial fields alone).
+        marks = {k: uncertainty[k] for k in ("model_error_dominated",) if k in uncertainty}
+        uncertainty = {**uncertainty["residual"], **marks, "available": True}
     if not uncertainty.get("available"):
         reason = uncertainty.get("reason", "no intervals")
         return {"verdict": UNKNOWN, "rms_residual": None, "noise_sigma": None,

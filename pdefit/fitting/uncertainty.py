@@ -275,6 +275,40 @@ def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
                           "fitted with the parameters (a Schur complement)")
 
 
+def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
+                        sigma: float | Mapping[str, float] | None, source: str,
+                        ) -> dict[str, Any] | None:
+    """What the residual verdict reads of a fit without intervals because it fits initial
+    fields only (no parameter): RSS (whitened by the fields' relative levels), N (less the
+    fitted initial values that are observed), dof = N and σ (known, or estimated from the
+    residual); None for fits it does not cover (several devices, multiple shooting, or a
+    fitted parameter)."""
+    if (problem.layout.fitted or not problem.fitted_fields or problem.domain is not None
+            or problem.shooting is not None):
+        return None
+    observed = batch.observed
+    variances = relative_variances(problem)
+    predicted = jax.jit(lambda t, b: predictions(problem, t, b))(theta, batch)
+    rss = float(sum(jnp.sum(observed.weights[f] * (predicted[f] - observed.values[f]) ** 2)
+                    / variances[f] for f in predicted))
+    n_values = int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
+    slot = int(observed.slot_of_step[0])
+    if slot >= 0:
+        n_values -= int(sum(float(jnp.sum(observed.weights[f][:, slot] > 0))
+                            for f in problem.fitted_fields if f in observed.weights))
+    if sigma is None:
+        sigma2, source = rss / max(n_values, 1), "residual"
+    else:
+        sigma2 = (reference_variance(sigma) if isinstance(sigma, Mapping)
+                  else float(sigma) ** 2)
+    roundoff = source == "residual" and at_roundoff(math.sqrt(sigma2), batch)
+    return {"rss": rss, "n_values": n_values, "dof": n_values, "sigma": math.sqrt(sigma2),
+            "sigma_source": source, "sigma_per_field": _levels(problem, sigma, sigma2),
+            "residual_at_roundoff": roundoff,
+            "degrees_of_freedom_note": "N less the fitted initial values observed; the "
+                                       "fitted fields' other freedom is not subtracted"}
+
+
 def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Eigen-decomposition of ``bread`` scaled to unit diagonal (a zero diagonal, a parameter
     the data never see, stays zero): (scaling d, eigenvalues, eigenvectors, condition number);
