@@ -223,3 +223,17 @@ def test_a_fit_of_initial_fields_alone_has_a_residual_verdict():
     small, _ = outcome.intervals(problem, history.best_theta, batch,
                                  {"kind": "additive", "sigma": sigma / 10}, log=lambda _: None)
     assert outcome.residual_verdict(small)["verdict"] == "above_noise"
+
+
+def test_a_known_initial_field_copied_from_the_noisy_frame_is_left_out_of_n():
+    """v(0) fitted alone, u(0) known and read from the noisy first frame: those values fit
+    their own data exactly, so the residual statistics leave them out of N."""
+    from pdefit.fitting import outcome
+
+    problem, batch, truth, _ = ap_problem(shape=(8, 8), n_steps=40, every=5, fitted=(),
+                                              fit_fields=("v",), observe=("u",), noise=0.01)
+    batch = batch._replace(initial={"u": batch.observed.values["u"][:, 0]})
+    block, _ = outcome.intervals(problem, truth, batch, {"kind": "additive", "sigma": 0.01},
+                                 log=lambda _: None)
+    assert block["residual"]["copied_initial_values"] == 64
+    assert block["residual"]["n_values"] == 9 * 64 - 64

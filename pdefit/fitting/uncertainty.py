@@ -122,17 +122,18 @@ def misfit_weights(problem: FitProblem, batch: Batch) -> dict[str, np.ndarray]:
             for f, s in scale.items()}
 
 
-def copied_values(problem: FitProblem, theta: Any, batch: Batch) -> int:
-    """How many observed values of the frame at step 0 the initial state reproduces exactly:
-    a known initial field read from that frame copies its noise, so its residual is zero
-    and no sample of the noise; they are left out of N."""
+def copied_values(problem: FitProblem, theta: Any, batch: Batch,
+                  skip: Sequence[str] = ()) -> int:
+    """How many observed values of the frame at step 0 the initial state reproduces exactly
+    (in the observed fields but ``skip``): a known initial field read from that frame copies
+    its noise, so its residual is zero and no sample of the noise; they are left out of N."""
     slot = int(batch.observed.slot_of_step[0])
     if slot < 0:
         return 0
     projected = jax.vmap(problem.observation.project)(problem.initial_state(theta, batch))
     return int(sum(jnp.sum((batch.observed.weights[f][:, slot] > 0)
                            & (projected[f] == batch.observed.values[f][:, slot]))
-                   for f in projected))
+                   for f in projected if f not in skip))
 
 
 def relative_variances(problem: FitProblem) -> dict[str, float]:
@@ -280,9 +281,9 @@ def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
                         ) -> dict[str, Any] | None:
     """What the residual verdict reads of a fit without intervals because it fits initial
     fields only (no parameter): RSS (whitened by the fields' relative levels), N (less the
-    fitted initial values that are observed), dof = N and σ (known, or estimated from the
-    residual); None for fits it does not cover (several devices, multiple shooting, or a
-    fitted parameter)."""
+    observed initial values fitted, or copied from the first frame into a known initial
+    state), dof = N and σ (known, or estimated from the residual); None for fits it does not
+    cover (several devices, multiple shooting, or a fitted parameter)."""
     if (problem.layout.fitted or not problem.fitted_fields or problem.domain is not None
             or problem.shooting is not None):
         return None
@@ -296,6 +297,9 @@ def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
     if slot >= 0:
         n_values -= int(sum(float(jnp.sum(observed.weights[f][:, slot] > 0))
                             for f in problem.fitted_fields if f in observed.weights))
+    # Known initial fields copied from the noisy first frame fit it exactly, too.
+    copied = copied_values(problem, theta, batch, skip=problem.fitted_fields)
+    n_values -= copied
     if sigma is None:
         sigma2, source = rss / max(n_values, 1), "residual"
     else:
@@ -304,9 +308,10 @@ def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
     roundoff = source == "residual" and at_roundoff(math.sqrt(sigma2), batch)
     return {"rss": rss, "n_values": n_values, "dof": n_values, "sigma": math.sqrt(sigma2),
             "sigma_source": source, "sigma_per_field": _levels(problem, sigma, sigma2),
-            "residual_at_roundoff": roundoff,
-            "degrees_of_freedom_note": "N less the fitted initial values observed; the "
-                                       "fitted fields' other freedom is not subtracted"}
+            "residual_at_roundoff": roundoff, "copied_initial_values": copied,
+            "degrees_of_freedom_note": "N less the observed initial values fitted or copied "
+                                       "from the first frame; the fitted fields' other "
+                                       "freedom is not subtracted"}
 
 
 def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
