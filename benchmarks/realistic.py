@@ -53,7 +53,6 @@ as it finishes, and the table as Markdown next to it (``.md``); run directories 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import os
@@ -154,20 +153,14 @@ def failure_record(err: BaseException) -> dict[str, Any]:
             "steps": None}
 
 
-def forecast_validity(run_dir: Path, dataset: Path, horizon: float | None,
+def forecast_validity(run_dir: Path, horizon: float | None,
                       log: Callable[[str], None]) -> dict[str, Any]:
     """How long the fitted model's forecast from ``run_dir`` stays valid against the truth,
     to ``horizon`` ms (None: pdefit-evaluate's default), by
     ``pdefit.analysis.forecast.evaluate_fit`` (evaluation.json and plots in ``run_dir``)."""
-    # pdefit-evaluate (evaluate_run) refuses runs with data.path, as it cannot know a recorded
-    # dataset's truth. This one was simulated by the same system/simulate config the run saved,
-    # so the forecast re-simulates it exactly: the run's config without data.path, and the
-    # shared dataset linked in as the run's own data.zarr, where the forecast reads it.
+    # The run fitted data.path, which pdefit simulated with the run's own settings: the
+    # forecast re-simulates that truth (pdefit.analysis.forecast.simulated_truth checks it).
     cfg = load_run_config(run_dir, [] if horizon is None else [f"evaluate.horizon={horizon}"])
-    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=None))
-    link = run_dir / "data.zarr"
-    if not (link.is_symlink() or link.exists()):
-        link.symlink_to(dataset.resolve(), target_is_directory=True)
     result = evaluate_fit(run_dir, cfg, log=log)
     return {"forecast_valid_ms": result["valid_for"],
             "forecast_valid_active_ms": result["valid_while_active"],
@@ -193,7 +186,7 @@ def one_fit(base: list[str], dataset: Path, seed: int, run_dir: Path,
                   cpu_s=time.process_time() - cpu, run_dir=str(run_dir))
     if horizon != 0 and "failure" not in record:
         try:
-            record.update(forecast_validity(run_dir, dataset, horizon,
+            record.update(forecast_validity(run_dir, horizon,
                                             log=lambda line: print(f"  {line}", flush=True)))
         except Exception as err:  # the fit's record stays
             record["forecast_error"] = f"{type(err).__name__}: {err}"

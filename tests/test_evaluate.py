@@ -219,6 +219,42 @@ def test_evaluate_forecasts_against_the_refined_truth_the_data_came_from(tmp_pat
         evaluate_run(run, ["evaluate.horizon=20"], log=lambda _: None)
 
 
+def test_evaluate_a_fit_of_a_dataset_pdefit_simulated_elsewhere(tmp_path):
+    """A fit on data.path that pdefit simulated with the run's own system and simulate
+    settings is forecast against that truth, exactly as the run that simulated it; one whose
+    dataset was simulated otherwise (another seed) is refused naming the key; a recording
+    (no simulate settings in its provenance) is refused as having no truth."""
+    from pdefit.app.cli import fit
+    from pdefit.app.evaluate import EvaluationError, evaluate_run
+
+    common = [*SMALL, "precision=float64", "fit.perturb=null", "optim.steps=1"]
+    fit(config(tmp_path / "own", *common))
+    data = tmp_path / "own" / "data.zarr"
+    fit(config(tmp_path / "on_path", *common, "data=zarr", f"data.path={data}"))
+    own = evaluate_run(tmp_path / "own", ["evaluate.horizon=20"], log=lambda _: None)
+    on_path = evaluate_run(tmp_path / "on_path", ["evaluate.horizon=20"], log=lambda _: None)
+    assert on_path["valid_for"] == own["valid_for"]
+    assert on_path["curves"]["mae"] == own["curves"]["mae"]
+    other = tmp_path / "other_seed"
+    fit(config(other, *common, "data=zarr", f"data.path={data}", "simulate.seed=5"))
+    with pytest.raises(EvaluationError, match=r"simulate\.seed: 0 in the dataset, 5 in the run"):
+        evaluate_run(other, ["evaluate.horizon=20"], log=lambda _: None)
+    # The same frames as a recording (written from memory, no simulate settings).
+    from pdefit.analysis.forecast import simulated_truth
+    from pdefit.api import frames_dataset
+    from pdefit.app.config import to_options
+    from pdefit.data import open_dataset
+    from pdefit.systems.aliev_panfilov import AlievPanfilov
+
+    made = open_dataset(data)
+    recording = frames_dataset(tmp_path / "recording.zarr", AlievPanfilov(),
+                               {f: made.read(f) for f in ("u", "v")}, Grid((20, 20), (1.0, 1.0)),
+                               0.05, float(made.meta.frame_interval))
+    cfg = to_options(config(tmp_path / "rec", *common, "data=zarr", f"data.path={recording}"))
+    with pytest.raises(EvaluationError, match="a recording has no truth"):
+        simulated_truth(tmp_path / "rec", cfg)
+
+
 def test_evaluate_refuses_what_it_cannot_do(tmp_path):
     from pdefit.app.evaluate import EvaluationError, evaluate_run
 

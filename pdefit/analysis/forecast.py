@@ -50,7 +50,7 @@ from pdefit.analysis.reports import (
 )
 from pdefit.analysis.rollout import advance, forecast_rollout, perturbed_twins, unrelated_separation
 from pdefit.analysis.truth import EvaluationError, check_evaluate_settings, compare_forecasts
-from pdefit.data import DatasetMeta
+from pdefit.data import DatasetError, DatasetMeta, open_dataset
 from pdefit.fitting import assemble
 from pdefit.fitting.fitted import FITTED_FILE, FittedFileError, load_fitted
 from pdefit.model.system import System, image_origin, stepper
@@ -147,7 +147,8 @@ def evaluate_fit(run_dir: Path, cfg: FitConfig,
     run_dir = Path(run_dir)
     _check_forecast_settings(cfg.evaluate)
     dtype = assemble.set_precision(cfg.precision)
-    fit = load_fit(run_dir, cfg, dtype)
+    cfg, dataset = simulated_truth(run_dir, cfg)
+    fit = load_fit(run_dir, cfg, dtype, dataset)
     plan = forecast_plan(cfg, fit.problem, experiment)
     start = starting_states(cfg, plan, fit, experiment, dtype)
     out = run_forecast(plan, fit.problem, start, cfg.evaluate, log)
@@ -174,13 +175,51 @@ def _check_forecast_settings(ev: EvaluateConfig) -> None:
                               "a fraction in [0, 1)")
 
 
-def load_fit(run_dir: Path, cfg: FitConfig, dtype: Any) -> FittedRun:
-    """The run's fit problem on its dataset and its fitted θ."""
+# The provenance keys of a simulated dataset that do not change its truth (where it was
+# written and how the writing was shared out).
+NOT_THE_TRUTH = {"simulate": ("output", "frames_per_shard", "task", "tasks")}
+
+
+def simulated_truth(run_dir: Path, cfg: FitConfig) -> tuple[FitConfig, Path]:
+    """(the config the truth is re-simulated from, the dataset the fit read). A run on its
+    own simulated data (data.path unset) as it is; a run on ``data.path`` where pdefit
+    simulated that dataset with the run's ``system`` and ``simulate`` settings (its
+    provenance says so): the run's config with data.path unset, and that dataset; else an
+    EvaluationError naming what differs."""
+    if cfg.data.path is None:
+        return cfg, run_dir / "data.zarr"
+    path = Path(cfg.data.path)
+    cannot = ("pdefit-evaluate needs the truth beyond the training window; it re-simulates "
+              "it for data pdefit simulated")
+    try:
+        made = open_dataset(path).meta.provenance.get("config") or {}
+    except DatasetError as err:
+        raise EvaluationError(f"data.path={path}: {err}") from None
+    if not all(isinstance(made.get(k), Mapping) for k in ("system", "simulate")):
+        raise EvaluationError(f"{cannot}; data.path={path} was not (its provenance holds no "
+                              "system and simulate settings): a recording has no truth to "
+                              "forecast against")
+    differences = [f"{section}.{key}: {made[section].get(key)!r} in the dataset, "
+                   f"{mine.get(key)!r} in the run"
+                   for section in ("system", "simulate")
+                   for mine in [json.loads(json.dumps(dataclasses.asdict(getattr(cfg, section))))]
+                   for key in sorted(set(made[section]) | set(mine))
+                   if key not in NOT_THE_TRUTH.get(section, ())
+                   and made[section].get(key) != mine.get(key)]
+    if differences:
+        raise EvaluationError(f"{cannot} with the run's own settings, and data.path={path} was "
+                              "simulated with others: " + "; ".join(differences))
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, path=None)), path
+
+
+def load_fit(run_dir: Path, cfg: FitConfig, dtype: Any, dataset: Path | None = None,
+             ) -> FittedRun:
+    """The run's fit problem on its dataset (default: the run directory's data.zarr) and its
+    fitted θ."""
     if cfg.data.path is not None:
-        raise EvaluationError(
-            "pdefit-evaluate needs the truth beyond the training window; it re-simulates it for "
-            "runs on simulated data (data.path unset). Recorded datasets are not supported yet.")
-    setup = assemble.build_fit(cfg, run_dir / "data.zarr", dtype)
+        raise EvaluationError("load_fit takes the config of simulated_truth (data.path unset)")
+    setup = assemble.build_fit(cfg, run_dir / "data.zarr" if dataset is None else dataset,
+                               dtype)
     try:
         theta = load_fitted(run_dir / FITTED_FILE, dtype)
     except FittedFileError as err:
