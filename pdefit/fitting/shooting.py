@@ -11,7 +11,8 @@ segments are joined by the continuity term
 
     c · Σ_{j<M−1} Σ_f mean over cells (Φ_L(x_j)_f − x_{j+1,f})²
 
-with c = :attr:`Shooting.continuity`, in the misfit's units (a mean square per field). The
+with c = :attr:`Shooting.continuity`, in the misfit's units (a mean square per field, in the
+field's own units: fields of very different magnitude weigh as their squares do). The
 last segment may run past the window's end (where nothing is observed), so that every
 segment has the same length and they run side by side (``vmap``), each with the fit's
 adjoint schedule over L steps.
@@ -94,8 +95,8 @@ def check(problem: FitProblem) -> None:
     if problem.domain is not None:
         raise ShootingError("multiple shooting runs on one device (mesh=single)")
     if shooting.segments > problem.n_steps:
-        raise ShootingError(f"{shooting.segments} segments for a window of {problem.n_steps} "
-                         "steps: at most one segment per step")
+        raise ShootingError(f"{shooting.segments} segments for a window of "
+                            f"{problem.n_steps} steps: at most one segment per step")
 
 
 def slot_tables(slot_of_step: jnp.ndarray, n_steps: int, segments: int) -> jnp.ndarray:
