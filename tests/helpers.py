@@ -74,6 +74,31 @@ def ap_problem(shape=(12, 12), boundaries=("neumann", "neumann"), n_steps=40, ev
     return problem, batch, theta_true, theta_start
 
 
+def weighted_frame_residuals(batch, predicted):
+    """The residuals of predicted frames as the misfit weighs them (Σ r² = the data loss):
+    √(w · scale / n_exp) · (prediction − datum), flattened."""
+    obs = batch.observed
+    n_exp = next(iter(obs.scale.values())).shape[0]
+    return [jnp.ravel(jnp.sqrt(obs.weights[k] * obs.scale[k][:, None, None, None] / n_exp)
+                      * (predicted[k] - obs.values[k])) for k in predicted]
+
+
+def dense_gauss_newton(problem, theta, batch, residuals):
+    """(G, g, r) over all of θ flattened from the dense Jacobian of ``residuals`` (flat θ →
+    weighted residual vector), plus the penalties' and the field prior's exact Hessian."""
+    from jax.flatten_util import ravel_pytree
+
+    flat, unravel = ravel_pytree(theta)
+
+    def prior(f):
+        return problem.penalty(unravel(f)) + problem.field_prior(unravel(f), batch)
+
+    jacobian = jax.jacfwd(residuals)(flat)
+    r = residuals(flat)
+    return (2 * jacobian.T @ jacobian + jax.hessian(prior)(flat),
+            2 * jacobian.T @ r + jax.grad(prior)(flat), r)
+
+
 def voltage_only_setup(n_steps: int):
     """``pdefit.build_problem`` on noisy u frames in memory (σ = 0.01, every 10 steps of dt
     0.05 on 16², spun up for 100 steps first so that v belongs to the dynamics of u, as in a

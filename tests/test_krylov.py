@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ap_problem, voltage_only_setup
+from helpers import ap_problem, dense_gauss_newton, voltage_only_setup, weighted_frame_residuals
 from jax.flatten_util import ravel_pytree
 
 from pdefit.adjoint import Revolve
@@ -21,22 +21,13 @@ from pdefit.options import OptimConfig
 
 def _dense_gauss_newton(problem, theta, batch):
     """(G, g) over all of θ from the dense Jacobian of the weighted residuals."""
-    flat, unravel = ravel_pytree(theta)
-    obs = batch.observed
-    n_exp = next(iter(obs.scale.values())).shape[0]
+    unravel = ravel_pytree(theta)[1]
 
     def residuals(f):
-        predicted = krylov.predictions(problem, unravel(f), batch)
-        return jnp.concatenate([jnp.ravel(jnp.sqrt(
-            obs.weights[k] * obs.scale[k][:, None, None, None] / n_exp)
-            * (predicted[k] - obs.values[k])) for k in predicted])
+        return jnp.concatenate(weighted_frame_residuals(
+            batch, krylov.predictions(problem, unravel(f), batch)))
 
-    def prior(f):
-        return problem.penalty(unravel(f)) + problem.field_prior(unravel(f), batch)
-
-    jacobian = jax.jacfwd(residuals)(flat)
-    matrix = 2 * jacobian.T @ jacobian + jax.hessian(prior)(flat)
-    return matrix, 2 * jacobian.T @ residuals(flat) + jax.grad(prior)(flat)
+    return dense_gauss_newton(problem, theta, batch, residuals)[:2]
 
 
 def _fields_problem():

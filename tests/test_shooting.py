@@ -9,7 +9,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import ap_problem, voltage_only_setup
+from helpers import (
+    ap_problem,
+    dense_gauss_newton,
+    voltage_only_setup,
+    weighted_frame_residuals,
+)
 from jax.flatten_util import ravel_pytree
 
 from pdefit.adjoint import Revolve
@@ -108,23 +113,17 @@ def test_segmented_gradient_is_exact():
 
 def _dense_shooting_gauss_newton(problem, theta, batch):
     """G over all of θ from the dense Jacobian of the weighted residuals: the frames and the
-    segments' gaps."""
-    flat, unravel = ravel_pytree(theta)
-    obs = batch.observed
+    segments' gaps; and the residuals."""
+    unravel = ravel_pytree(theta)[1]
     weight = problem.shooting.continuity
 
     def residuals(f):
         predicted, gaps = shooting.predictions(problem, unravel(f), batch)
-        frames = [jnp.ravel(jnp.sqrt(obs.weights[k] * obs.scale[k][:, None, None, None])
-                            * (predicted[k] - obs.values[k])) for k in predicted]
         joins = [jnp.ravel(jnp.sqrt(weight / g[0, 0].size) * g) for g in gaps.values()]
-        return jnp.concatenate(frames + joins)
+        return jnp.concatenate(weighted_frame_residuals(batch, predicted) + joins)
 
-    def prior(f):
-        return problem.penalty(unravel(f)) + problem.field_prior(unravel(f), batch)
-
-    jacobian = jax.jacfwd(residuals)(flat)
-    return 2 * jacobian.T @ jacobian + jax.hessian(prior)(flat), residuals(flat)
+    matrix, _, r = dense_gauss_newton(problem, theta, batch, residuals)
+    return matrix, r
 
 
 def test_matrix_free_product_with_segments_equals_dense():

@@ -104,9 +104,13 @@ def slot_tables(slot_of_step: jnp.ndarray, n_steps: int, segments: int) -> jnp.n
     the step-0 frame of segments j ≥ 1 left to the segment that ends on it."""
     length = segment_length(n_steps, segments)
     steps = np.arange(segments)[:, None] * length + np.arange(length + 1)[None, :]
-    beyond = segments * length + 1 - slot_of_step.shape[0]
-    padded = jnp.concatenate([slot_of_step, jnp.full((beyond,), -1, slot_of_step.dtype)])
-    return padded[steps].at[1:, 0].set(-1)
+    return _padded(slot_of_step, segments * length)[steps].at[1:, 0].set(-1)
+
+
+def _padded(slot_of_step: jnp.ndarray, last: int) -> jnp.ndarray:
+    """The step → slot table extended with −1 (nothing observed) up to step ``last``."""
+    beyond = last + 1 - slot_of_step.shape[0]
+    return jnp.concatenate([slot_of_step, jnp.full((beyond,), -1, slot_of_step.dtype)])
 
 
 def segment_chain(problem: FitProblem, grid: Any) -> LossChain:
@@ -279,13 +283,11 @@ def first_guess(problem: FitProblem, theta: Mapping[str, Any], batch: Batch,
     x0 = problem.initial_state(theta, batch)
     obs = batch.observed
     guess = getattr(problem.system, "initial_guess", None)
-    steps = np.arange(1, segments) * length
-    slots = jnp.concatenate([obs.slot_of_step, jnp.full((segments * length + 1
-                                                         - obs.slot_of_step.shape[0],),
-                                                        -1, obs.slot_of_step.dtype)])[steps]
+    slots = _padded(obs.slot_of_step, segments * length)[np.arange(1, segments) * length]
+    shared, per_experiment = problem.layout.split(problem.physical_params(theta))
 
     def one(x0_e, own, values_e, weights_e):
-        params = {**problem.layout.split(problem.physical_params(theta))[0], **own}
+        params = {**shared, **own}
 
         def advance(x, first):
             def body(i, x):
@@ -310,7 +312,6 @@ def first_guess(problem: FitProblem, theta: Mapping[str, Any], batch: Batch,
                     states[f] = jnp.where(slots[:, None, None] >= 0, value, states[f])
         return states
 
-    per_experiment = problem.layout.split(problem.physical_params(theta))[1]
     return jax.jit(jax.vmap(one))(x0, per_experiment, obs.values, obs.weights)
 
 
