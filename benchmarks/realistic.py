@@ -15,7 +15,8 @@ Per fit: the mean, median and max relative error of the fitted parameters; the r
 verdict and reduced χ² (``summary.json`` ``residual``); the coverage of the 95 % intervals (is
 the truth inside the fit's ``ci95_low``–``ci95_high``, else recovered ± 1.96 · std_error; "—"
 where the fit gives none); the relative L2 error of each fitted initial field (against the
-dataset's first frame with its drawn noise taken off again: the truth); how
+dataset's first frame with its drawn noise taken off again: the truth) and the share of its
+values the data determine (its degrees of freedom for signal, ``pdefit.fitting.signal``); how
 long the forecast stays valid (``valid_for``: normalised MAE below ``evaluate.threshold``;
 ``valid_while_active`` stops at the truth's rest); the stop reason, optimiser steps, wall
 and process CPU time of the fit (the dataset's simulation and the forecast excluded); and
@@ -135,6 +136,9 @@ def summary_record(summary: dict[str, Any]) -> dict[str, Any]:
         coverage=interval_coverage(rows),
         initial_fields={name: e.get("rel_l2_error")
                         for name, e in (summary.get("initial_fields") or {}).items()},
+        determined={name: row["determined_fraction"] for name, row in (
+            (summary.get("uncertainty") or {}).get("field_signal") or {"fields": {}}
+        )["fields"].items()},
         parameters={r["name"]: {k: r.get(k) for k in (
             "start", "recovered", "true", "rel_error", "std_error", "ci95_low", "ci95_high",
             "flag")} for r in rows})
@@ -223,7 +227,8 @@ def forecast_text(r: dict[str, Any]) -> str:
 
 def table_header(fields: Sequence[str]) -> list[str]:
     columns = ["σ", "seed", "mean %", "median %", "max %", "red. χ²", "verdict", "95 % cover",
-               *[f"{f}(0) L2 %" for f in fields], "forecast valid (model time)", "stop", "steps",
+               *[f"{f}(0) L2 % / determined %" for f in fields], "forecast valid (model time)",
+               "stop", "steps",
                "wall s", "CPU s"]
     return ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
 
@@ -237,7 +242,9 @@ def table_row(r: dict[str, Any], fields: Sequence[str]) -> str:
     cells = [f"{r['sigma']:g}", str(r["seed"]), percent(r["mean_rel_error"]),
              percent(r["median_rel_error"]), percent(r["max_rel_error"]),
              number(r["reduced_chi2"]), r["verdict"] or "—", coverage_text(r["coverage"]),
-             *[percent(r["initial_fields"].get(f)) for f in fields], forecast_text(r), stop,
+             *[f"{percent(r['initial_fields'].get(f))} / "
+               f"{percent((r.get('determined') or {}).get(f))}" for f in fields],
+             forecast_text(r), stop,
              number(r["steps"], "d"), f"{r['wall_s']:.0f}", f"{r['cpu_s']:.0f}"]
     return "| " + " | ".join(cells) + " |"
 

@@ -295,8 +295,10 @@ class FitResult:
     the optimiser stopped (``converged``, ``stalled``, ``steps_done``, ...), ``uncertainty``
     the standard errors and 95 % intervals of the fitted shared scalars (the ``uncertainty``
     block, :func:`pdefit.fitting.uncertainty.estimate`; None when skipped; see
-    :attr:`intervals`) and ``residual`` the verdict on the residual (noise, rounding, model
-    error, ...: :func:`pdefit.fitting.outcome.residual_verdict`; None when skipped)."""
+    :attr:`intervals`; with fitted initial fields also ``field_signal``, how many of each
+    field's values the data determine, :mod:`pdefit.fitting.signal`) and ``residual`` the
+    verdict on the residual (noise, rounding, model error, ...:
+    :func:`pdefit.fitting.outcome.residual_verdict`; None when skipped)."""
 
     params: dict[str, Any]
     fields: dict[str, np.ndarray]

@@ -76,7 +76,7 @@ def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: i
     def fields_only(fields):
         return product({**zero, "fields": fields})["fields"]
 
-    solve = jax.jit(lambda rhs: _field_solve(fields_only, rhs, scale, iterations))
+    solve = jax.jit(lambda rhs: field_solve(fields_only, rhs, scale, iterations))
     block = np.zeros((k, k))
     coupled = np.zeros((k, k))
     for i in range(k):
@@ -91,7 +91,7 @@ def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: i
     return coupled, reduced, block
 
 
-def _field_solve(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> Any:
+def field_solve(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> Any:
     """G_xx⁻¹ rhs by preconditioned conjugate gradients (the fit's field scaling)."""
     structure = jax.eval_shape(lambda: rhs)
     tags = lx.positive_semidefinite_tag

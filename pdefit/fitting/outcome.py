@@ -11,12 +11,14 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pdefit.fitting import signal
 from pdefit.fitting.observe import NOISE_KEY
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.fitting.uncertainty import (
     CurvatureParts,
     curvature_parts,
     estimate,
+    fitted_initial_values,
     known_sigma,
     residual_statistics,
     unavailable_reason,
@@ -45,20 +47,43 @@ def intervals(problem: FitProblem, theta: Any, batch: Batch,
     the noise level given as ``observe.noise_sigma`` (the problem's observation holds it),
     else the dataset's ``noise`` (its ``meta.noise``; None where the data come from another
     system), else estimated from the residual; and the curvature it comes from (None without
-    intervals, with the reason)."""
+    intervals, with the reason). With fitted initial fields the block also says how much of
+    each the data determine (``field_signal``, :mod:`pdefit.fitting.signal`), and the degrees
+    of freedom of the residual subtract that."""
+    fields = _field_signal(problem, theta, batch, log)
+    extra = 0.0 if fields is None else (fields["signal_dof"]
+                                        - fitted_initial_values(problem, batch))
+    signal_block = {} if fields is None else {"field_signal": fields}
     reason = unavailable_reason(problem, batch)
     if reason is not None:
         log(f"no parameter intervals: {reason}")
-        block: dict[str, Any] = {"available": False, "reason": reason}
+        block: dict[str, Any] = {"available": False, "reason": reason, **signal_block}
         # A fit of initial fields alone still has a residual to set against the noise.
-        statistics = residual_statistics(problem, theta, batch, *noise_level(problem, noise))
+        statistics = residual_statistics(problem, theta, batch, *noise_level(problem, noise),
+                                         fields_dof=extra)
         if statistics is not None:
             block["residual"] = statistics
         return block, None
     log("parameter intervals: one forward-tangent sweep over the training window…")
     parts = curvature_parts(problem, theta, batch)
     sigma, source = noise_level(problem, noise)
-    return estimate(problem, theta, batch, sigma, parts=parts, source=source), parts
+    block = estimate(problem, theta, batch, sigma, parts=parts, source=source,
+                     fields_dof=extra)
+    return {**block, **signal_block}, parts
+
+
+def _field_signal(problem: FitProblem, theta: Any, batch: Batch,
+                  log: Callable[[str], None]) -> dict[str, Any] | None:
+    """How much of each fitted initial field the data determine (None: no fitted field, or
+    a fit :mod:`pdefit.fitting.signal` does not cover)."""
+    if not signal.available(problem):
+        return None
+    log(f"fitted initial fields: their degrees of freedom for signal from {signal.PROBES} "
+        "probes…")
+    result = signal.field_signal(problem, theta, batch)
+    for line in signal.format_signal(result):
+        log(line)
+    return result
 
 
 def noise_level(problem: FitProblem, noise: Mapping[str, Any] | None,

@@ -136,6 +136,18 @@ def copied_values(problem: FitProblem, theta: Any, batch: Batch,
                    for f in projected if f not in skip))
 
 
+def fitted_initial_values(problem: FitProblem, batch: Batch) -> int:
+    """How many observed values of the frame at step 0 belong to fitted initial fields: each
+    is fitted to its own noisy datum, so N leaves them out (the fields' other freedom is
+    :mod:`pdefit.fitting.signal`'s, subtracted from the degrees of freedom)."""
+    observed = batch.observed
+    slot = int(observed.slot_of_step[0])
+    if slot < 0:
+        return 0
+    return int(sum(float(jnp.sum(observed.weights[f][:, slot] > 0))
+                   for f in problem.fitted_fields if f in observed.weights))
+
+
 def relative_variances(problem: FitProblem) -> dict[str, float]:
     """v_f = σ_f² / σ² per observed field from the levels the loss is weighted by
     (σ² = 1 / mean_f(1/σ_f²)); 1 for every field where none are known."""
@@ -264,11 +276,8 @@ def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
     a = float(np.ravel(next(iter(misfit_weights(problem, batch).values())))[0])
     schur, gradient = marginal.marginal_parts(problem, theta, batch)
     observed = batch.observed
-    n_values = int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
-    slot = int(observed.slot_of_step[0])
-    if slot >= 0:
-        n_values -= int(sum(float(jnp.sum(observed.weights[f][:, slot] > 0))
-                            for f in problem.fitted_fields if f in observed.weights))
+    n_values = (int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
+                - fitted_initial_values(problem, batch))
     rss = float(sum(jnp.sum(w * (p - v) ** 2) for p, v, w in zip(
         jax.jit(lambda t, b: predictions(problem, t, b))(theta, batch).values(),
         observed.values.values(), observed.weights.values(), strict=True)))
@@ -278,12 +287,13 @@ def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
 
 def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
                         sigma: float | Mapping[str, float] | None, source: str,
-                        ) -> dict[str, Any] | None:
+                        fields_dof: float = 0.0) -> dict[str, Any] | None:
     """What the residual verdict reads of a fit without intervals because it fits initial
     fields only (no parameter): RSS (whitened by the fields' relative levels), N (less the
     observed initial values fitted, or copied from the first frame into a known initial
-    state), dof = N and σ (known, or estimated from the residual); None for fits it does not
-    cover (several devices, multiple shooting, or a fitted parameter)."""
+    state), dof = N − ``fields_dof`` (the fitted fields' freedom beyond their observed initial
+    values, :mod:`pdefit.fitting.signal`) and σ (known, or estimated from the residual); None
+    for fits it does not cover (several devices, multiple shooting, or a fitted parameter)."""
     if (problem.layout.fitted or not problem.fitted_fields or problem.domain is not None
             or problem.shooting is not None):
         return None
@@ -292,26 +302,31 @@ def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
     predicted = jax.jit(lambda t, b: predictions(problem, t, b))(theta, batch)
     rss = float(sum(jnp.sum(observed.weights[f] * (predicted[f] - observed.values[f]) ** 2)
                     / variances[f] for f in predicted))
-    n_values = int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
-    slot = int(observed.slot_of_step[0])
-    if slot >= 0:
-        n_values -= int(sum(float(jnp.sum(observed.weights[f][:, slot] > 0))
-                            for f in problem.fitted_fields if f in observed.weights))
+    n_values = (int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
+                - fitted_initial_values(problem, batch))
     # Known initial fields copied from the noisy first frame fit it exactly, too.
     copied = copied_values(problem, theta, batch, skip=problem.fitted_fields)
     n_values -= copied
+    dof = n_values - fields_dof
     if sigma is None:
-        sigma2, source = rss / max(n_values, 1), "residual"
+        sigma2, source = rss / max(dof, 1.0), "residual"
     else:
         sigma2 = (reference_variance(sigma) if isinstance(sigma, Mapping)
                   else float(sigma) ** 2)
     roundoff = source == "residual" and at_roundoff(math.sqrt(sigma2), batch)
-    return {"rss": rss, "n_values": n_values, "dof": n_values, "sigma": math.sqrt(sigma2),
+    return {"rss": rss, "n_values": n_values, "dof": dof, "sigma": math.sqrt(sigma2),
             "sigma_source": source, "sigma_per_field": _levels(problem, sigma, sigma2),
             "residual_at_roundoff": roundoff, "copied_initial_values": copied,
-            "degrees_of_freedom_note": "N less the observed initial values fitted or copied "
-                                       "from the first frame; the fitted fields' other "
-                                       "freedom is not subtracted"}
+            "degrees_of_freedom_note": _dof_note(fields_dof)}
+
+
+def _dof_note(fields_dof: float) -> str:
+    what = "N less the observed initial values fitted or copied from the first frame"
+    if fields_dof:
+        return (f"{what}, less {fields_dof:.4g}: the fitted fields' other degrees of freedom "
+                "for signal (pdefit.fitting.signal)")
+    return f"{what}; the fitted fields' other freedom is not subtracted"
+
 
 
 def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
@@ -422,14 +437,15 @@ def known_sigma(noise: Mapping[str, Any] | None,
 def estimate(problem: FitProblem, theta: Any, batch: Batch,
              sigma: float | Mapping[str, float] | None = None, rcond: float | None = None,
              parts: CurvatureParts | None = None, source: str = "dataset",
-             ) -> dict[str, Any]:
+             fields_dof: float = 0.0) -> dict[str, Any]:
     """The ``uncertainty`` block of summary.json at the optimum ``theta``: noise level and its
     source, degrees of freedom, condition number, near-singular directions and per fitted
     scalar its std error and 95 % interval (physical units). ``sigma``: the known noise level
     (None: estimated from the residual; per field: their reference level
     :func:`reference_variance`, the relative levels being the loss's); ``source`` says where a
     known level comes from; ``parts``: :func:`curvature_parts` at ``theta`` where already
-    computed."""
+    computed; ``fields_dof``: the fitted fields' freedom beyond their observed initial values,
+    subtracted from the degrees of freedom (:mod:`pdefit.fitting.signal`)."""
     reason = unavailable_reason(problem, batch)
     if reason is not None:
         return {"available": False, "reason": reason}
@@ -437,7 +453,7 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch,
     rcond = default_rcond(flat.dtype) if rcond is None else rcond
     parts = curvature_parts(problem, theta, batch) if parts is None else parts
     p, n_values = int(flat.shape[0]), parts.n_values
-    dof = n_values - p
+    dof = n_values - p - fields_dof
     if sigma is None:
         if dof <= 0:
             return {"available": False,
