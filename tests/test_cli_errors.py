@@ -70,6 +70,13 @@ def test_a_new_entry_of_a_composed_dict_is_named_with_its_plus_form():
     assert one_line(err.value) == (
         "fit.hold: 'k_s' is not among its composed entries; add it as +fit.hold.k_s=<value> "
         "(or give the whole value with ++fit.hold=...)")
+    # The same entry given by its dotted key (the form docs and issues write).
+    with initialize_config_dir(config_dir=conf, version_base="1.3"), pytest.raises(
+            ConfigCompositionException) as err:
+        compose(config_name="fit", overrides=["fit.initial_fields.v=fit"])
+    assert one_line(err.value) == (
+        "fit.initial_fields.v: 'v' is not among the composed entries of fit.initial_fields; "
+        "add it as +fit.initial_fields.v=<value>")
 
 
 def test_traceback_on_request_and_simulate_refuses_one_frame(tmp_path):

@@ -134,6 +134,13 @@ def _hydra_message(err: CompactHydraException, options: type) -> str:
             new = inner.group(1)
             return (f"{key}: '{new}' is not among its composed entries; add it as "
                     f"+{key}.{new}=<value> (or give the whole value with ++{key}=...)")
+        parent, _, new = key.rpartition(".")
+        keys = schema_keys(options)
+        if inner is not None and parent in keys and not any(
+                k.startswith(parent + ".") for k in keys):
+            # A new entry of a dict whose keys are free (fields, parameter names, ...).
+            return (f"{key}: '{new}' is not among the composed entries of {parent}; add it "
+                    f"as +{key}=<value>")
         return unknown_key_message(key, options)
     if isinstance(cause, OmegaConfBaseException):
         return _omegaconf_message(cause, options)
