@@ -111,7 +111,7 @@ def test_the_residual_verdict_subtracts_the_fields_degrees_of_freedom():
         block, _ = outcome.intervals(problem, theta, batch, {"kind": "additive", "sigma": 0.01},
                                      log=lambda _: None)
         fields = block["field_signal"]
-        assert fields["probes"] == 8 and not fields["exact"]
+        assert fields["probes"] == signal.PROBES and not fields["exact"]
         statistics = block if fitted else block["residual"]
         extra = fields["signal_dof"] - 36  # u's first frame is already out of N
         assert statistics["n_values"] == 9 * 36 - 36

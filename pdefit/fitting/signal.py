@@ -41,7 +41,7 @@ import numpy as np
 from pdefit.fitting import krylov, marginal
 from pdefit.fitting.problem import Batch, FitProblem
 
-PROBES = 8
+PROBES = 4
 # Below this share of its values determined, a field's estimate is said to be its prior's.
 MOSTLY_PRIOR = 0.5
 
