@@ -171,7 +171,8 @@ class FitSpecConfig:
     start: dict[str, float] = field(default_factory=dict)  # explicit starting values
     # A finished run's directory (or its fitted.npz): fitted parameters start from its
     # values (shapes must match), fitted fields too where their shapes match (another grid:
-    # they start as usual). fit.start still wins.
+    # they start as usual; their prior's background stays the system's first guess).
+    # fit.start still wins.
     start_from: str | None = None
     # start = reference × U(low, high), the reference being the dataset truth when known
     perturb: PerturbConfig | None = field(default_factory=PerturbConfig)

@@ -191,6 +191,15 @@ def test_start_from_a_finished_run(tmp_path, small_dataset):
     physical = setup.problem.physical_params(setup.theta0)
     assert float(physical["a"]) == pytest.approx(float(stored["physical"]["a"]), rel=1e-12)
     np.testing.assert_array_equal(np.asarray(setup.theta0["fields"]["v"]), stored["fields"]["v"])
+    # The warm start moves where v starts, not its prior: the background is the first guess
+    # a cold start from the same parameter values makes.
+    same_start = assemble.build_fit(config(
+        tmp_path / "same", *SMALL, f"data.path={small_dataset}", *again,
+        *(f"+fit.start.{n}={float(stored['physical'][n])!r}" for n in ("k", "a"))),
+        small_dataset, dtype)
+    np.testing.assert_array_equal(np.asarray(setup.batch.background["v"]),
+                                  np.asarray(same_start.batch.background["v"]))
+    assert not np.array_equal(np.asarray(setup.batch.background["v"]), stored["fields"]["v"])
     cold = assemble.build_fit(config(tmp_path / "cold", *SMALL, f"data.path={small_dataset}",
                                      *again), small_dataset, dtype)
     assert float(setup.start_values["b"]) == float(cold.start_values["b"])  # not in the file

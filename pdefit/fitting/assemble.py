@@ -133,15 +133,19 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
     start = _parameters(cfg, system, params, source, len(window.experiments), dtype)
     guesses = _first_guesses(tuple(cfg.observe.fields), system, reader, fitted_fields,
                              start.values)
-    fields0 = _start_fields(cfg, grid, reader, source, fitted_fields,
-                            {**guesses, **from_observed}, start.warm_fields)
+    first_guess = {**guesses, **from_observed}
+    fields0 = _start_fields(cfg, grid, reader, source, fitted_fields, first_guess,
+                            start.warm_fields)
     theta0 = _theta0(start, fields0, domain)
     problem = _problem(cfg, system, grid, source, window, start.layout, observation,
                        fitted_fields, domain, dtype)
     if window.n_steps == 0:
         raise ConfigError("the training window has no time steps: use at least two frames")
-    # The fitted fields' first guess is the background their prior pulls towards.
-    batch = Batch(observed, initial, dict(theta0["fields"]))
+    # The fitted fields' first guess is the background their prior pulls towards; a warm
+    # start (fit.start_from) moves where they start, never the prior.
+    background = theta0["fields"] if not start.warm_fields else _theta0(start, _start_fields(
+        cfg, grid, reader, source, fitted_fields, first_guess, {}), domain)["fields"]
+    batch = Batch(observed, initial, dict(background))
     # Multiple shooting: the segments start from the run of that first guess.
     theta0 = shooting.with_segments(problem, theta0, batch)
     # The table of start/recovered values shows numbers: shared scalars only.
