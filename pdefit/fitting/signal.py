@@ -59,6 +59,12 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
     ``prior``: whether a prior acts on the field, without which A = I on it); ``seed`` draws
     the probes."""
     fields = theta["fields"]
+    sizes = {f: int(np.prod(x.shape)) for f, x in fields.items()}
+    if not _has_prior(problem, batch):  # A = I: no solve needed
+        return {"fields": {f: {"values": n, "signal_dof": float(n), "standard_error": None,
+                               "determined_fraction": 1.0, "prior": False}
+                           for f, n in sizes.items()},
+                "probes": 0, "exact": True, "signal_dof": float(sum(sizes.values()))}
     zero = jax.tree.map(jnp.zeros_like, theta)
 
     def product(v):
@@ -80,7 +86,6 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
         return {f: (jnp.sum(z[f] * (z[f] - prior_part[f])), jnp.any(prior_z[f] != 0))
                 for f in z}
 
-    sizes = {f: int(np.prod(x.shape)) for f, x in fields.items()}
     exact = sum(sizes.values()) <= probes
     draws = [sample(z) for z in (_unit_vectors(fields) if exact
                                  else _rademacher(fields, probes, seed))]
@@ -94,6 +99,14 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
                         "prior": any(bool(d[f][1]) for d in draws)}
     return {"fields": per_field, "probes": len(draws), "exact": exact,
             "signal_dof": sum(r["signal_dof"] for r in per_field.values())}
+
+
+def _has_prior(problem: FitProblem, batch: Batch) -> bool:
+    """Whether any term of the loss besides the data acts on the fitted fields
+    (:meth:`pdefit.fitting.problem.FitProblem.penalty` and ``field_prior``)."""
+    reg = problem.regularization
+    return bool(reg.fields or reg.field_smoothness
+                or (reg.field_background and set(batch.background) & set(problem.fitted_fields)))
 
 
 def _rademacher(fields: dict[str, jax.Array], probes: int, seed: int) -> list[dict[str, Any]]:
