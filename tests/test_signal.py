@@ -74,6 +74,14 @@ def test_random_probes_estimate_the_trace_within_their_standard_error():
         assert abs(row["signal_dof"] - dense) < 4 * row["standard_error"], (name, row, dense)
     again = signal.field_signal(problem, theta, batch, probes=8, seed=3)
     assert again["signal_dof"] == result["signal_dof"]
+    assert result["solves_at_cap"] == 0 and len(result["solver_iterations"]) == 8
+    # Solves cut short leave out the weakest directions: the trace is then too large, and
+    # the lines say it is an upper bound.
+    short = signal.field_signal(problem, theta, batch, probes=8, seed=3, iterations=2)
+    assert short["solves_at_cap"] == 8
+    assert short["signal_dof"] > result["signal_dof"]
+    assert "(an upper bound: 8 of 8 conjugate-gradient solves stopped at their cap)" in (
+        signal.format_signal(short)[0])
 
 
 def test_the_prior_takes_over_what_the_data_do_not_see():

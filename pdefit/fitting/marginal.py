@@ -93,10 +93,15 @@ def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: i
 
 def field_solve(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> Any:
     """G_xx⁻¹ rhs by preconditioned conjugate gradients (the fit's field scaling)."""
+    return field_solution(fields_only, rhs, scale, iterations).value
+
+
+def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> lx.Solution:
+    """lineax's solution of :func:`field_solve` (``stats["num_steps"]``: the iterations)."""
     structure = jax.eval_shape(lambda: rhs)
     tags = lx.positive_semidefinite_tag
     operator = lx.FunctionLinearOperator(fields_only, structure, tags=tags)
     preconditioner = lx.FunctionLinearOperator(
         lambda v: jax.tree.map(jnp.divide, v, scale), structure, tags=tags)
     return lx.linear_solve(operator, rhs, lx.CG(rtol=RTOL, atol=0.0, max_steps=iterations),
-                           options={"preconditioner": preconditioner}, throw=False).value
+                           options={"preconditioner": preconditioner}, throw=False)

@@ -55,16 +55,17 @@ def available(problem: FitProblem) -> bool:
 def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PROBES,
                  iterations: int = marginal.ITERATIONS, seed: int = 0) -> dict[str, Any]:
     """{"fields": {field: {"values", "signal_dof", "standard_error", "determined_fraction",
-    "prior"}}, "probes", "exact", "signal_dof"} at ``theta`` (see the module docstring;
-    ``prior``: whether a prior acts on the field, without which A = I on it); ``seed`` draws
-    the probes."""
+    "prior"}}, "probes", "exact", "signal_dof", "solver_iterations", "solves_at_cap"} at
+    ``theta`` (see the module docstring; ``prior``: whether a prior acts on the fields,
+    without which A = I and nothing is solved); ``seed`` draws the probes."""
     fields = theta["fields"]
     sizes = {f: int(np.prod(x.shape)) for f, x in fields.items()}
     if not _has_prior(problem, batch):  # A = I: no solve needed
         return {"fields": {f: {"values": n, "signal_dof": float(n), "standard_error": None,
                                "determined_fraction": 1.0, "prior": False}
                            for f, n in sizes.items()},
-                "probes": 0, "exact": True, "signal_dof": float(sum(sizes.values()))}
+                "probes": 0, "exact": True, "signal_dof": float(sum(sizes.values())),
+                "solver_iterations": [], "solves_at_cap": 0}
     zero = jax.tree.map(jnp.zeros_like, theta)
 
     def product(v):
@@ -80,25 +81,28 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
     scale = krylov.MatrixFree(problem).diagonal(theta, batch, jax.random.key(seed))["fields"]
 
     @jax.jit
-    def sample(z):  # per field: (Σ over its cells of z ⊙ A z, A z = z − G_xx⁻¹ P_xx z; prior?)
-        prior_z = prior_product(z)
-        prior_part = marginal.field_solve(product, prior_z, scale, iterations)
-        return {f: (jnp.sum(z[f] * (z[f] - prior_part[f])), jnp.any(prior_z[f] != 0))
-                for f in z}
+    def sample(z):  # per field: Σ over its cells of z ⊙ A z, A z = z − G_xx⁻¹ P_xx z
+        solution = marginal.field_solution(product, prior_product(z), scale, iterations)
+        traces = {f: jnp.sum(z[f] * (z[f] - solution.value[f])) for f in z}
+        return traces, solution.stats["num_steps"]
 
     exact = sum(sizes.values()) <= probes
-    draws = [sample(z) for z in (_unit_vectors(fields) if exact
-                                 else _rademacher(fields, probes, seed))]
+    draws, steps = zip(*(sample(z) for z in (_unit_vectors(fields) if exact
+                                             else _rademacher(fields, probes, seed))),
+                       strict=True)
     per_field = {}
     for f, n in sizes.items():
-        values = np.array([float(d[f][0]) for d in draws])
+        values = np.array([float(d[f]) for d in draws])
         total = float(values.sum()) if exact else float(values.mean())
         spread = None if exact else float(values.std(ddof=1) / math.sqrt(len(values)))
         per_field[f] = {"values": n, "signal_dof": total, "standard_error": spread,
-                        "determined_fraction": total / n,
-                        "prior": any(bool(d[f][1]) for d in draws)}
+                        "determined_fraction": total / n, "prior": True}
+    # A solve stopped at its cap leaves the weakest directions' share of G_xx⁻¹ P_xx z out:
+    # the traces are then upper bounds.
+    capped = int(sum(int(k) >= iterations for k in steps))
     return {"fields": per_field, "probes": len(draws), "exact": exact,
-            "signal_dof": sum(r["signal_dof"] for r in per_field.values())}
+            "signal_dof": sum(r["signal_dof"] for r in per_field.values()),
+            "solver_iterations": [int(k) for k in steps], "solves_at_cap": capped}
 
 
 def _has_prior(problem: FitProblem, batch: Batch) -> bool:
@@ -130,6 +134,9 @@ def _unit_vectors(fields: dict[str, jax.Array]) -> list[dict[str, Any]]:
 def format_signal(block: dict[str, Any]) -> list[str]:
     """One line per fitted field: how many of its values the data determine."""
     lines = []
+    bound = (f" (an upper bound: {block['solves_at_cap']} of {block['probes']} "
+             "conjugate-gradient solves stopped at their cap)" if block.get("solves_at_cap")
+             else "")
     for name, row in block["fields"].items():
         if not row.get("prior", True):
             lines.append(f"{name} at t = 0: no prior, so all its {row['values']} values are "
@@ -143,5 +150,5 @@ def format_signal(block: dict[str, Any]) -> list[str]:
                 else "; the rest is its prior's")
         lines.append(f"{name} at t = 0: the data determine {row['signal_dof']:.4g}{spread} of "
                      f"its {row['values']} values ({100 * share:.3g} %, degrees of freedom "
-                     f"for signal){rest}")
+                     f"for signal{bound}){rest}")
     return lines
