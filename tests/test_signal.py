@@ -80,8 +80,8 @@ def test_random_probes_estimate_the_trace_within_their_standard_error():
     short = signal.field_signal(problem, theta, batch, probes=8, seed=3, iterations=2)
     assert short["solves_at_cap"] == 8
     assert short["signal_dof"] > result["signal_dof"]
-    assert "(an upper bound: 8 of 8 conjugate-gradient solves stopped at their cap)" in (
-        signal.format_signal(short)[0])
+    assert "for signal; an upper bound, 8 of 8 conjugate-gradient solves stopped at their " \
+        "cap)" in signal.format_signal(short)[0]
 
 
 def test_the_prior_takes_over_what_the_data_do_not_see():

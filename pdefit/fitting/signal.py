@@ -134,8 +134,8 @@ def _unit_vectors(fields: dict[str, jax.Array]) -> list[dict[str, Any]]:
 def format_signal(block: dict[str, Any]) -> list[str]:
     """One line per fitted field: how many of its values the data determine."""
     lines = []
-    bound = (f" (an upper bound: {block['solves_at_cap']} of {block['probes']} "
-             "conjugate-gradient solves stopped at their cap)" if block.get("solves_at_cap")
+    bound = (f"; an upper bound, {block['solves_at_cap']} of {block['probes']} "
+             "conjugate-gradient solves stopped at their cap" if block.get("solves_at_cap")
              else "")
     for name, row in block["fields"].items():
         if not row.get("prior", True):
