@@ -129,13 +129,13 @@ def _hydra_message(err: CompactHydraException, options: type) -> str:
     if override is not None and isinstance(cause, ConfigKeyError | ConfigAttributeError):
         key = override.group(1)
         inner = re.search(r"Key '([^']+)' is not in struct", str(cause))
-        if inner is not None and key in schema_keys(options):
+        keys = schema_keys(options)
+        if inner is not None and key in keys:
             # A valid dict key given a whole new value with keys the composed one lacks.
             new = inner.group(1)
             return (f"{key}: '{new}' is not among its composed entries; add it as "
                     f"+{key}.{new}=<value> (or give the whole value with ++{key}=...)")
         parent, _, new = key.rpartition(".")
-        keys = schema_keys(options)
         if inner is not None and parent in keys and not any(
                 k.startswith(parent + ".") for k in keys):
             # A new entry of a dict whose keys are free (fields, parameter names, ...).

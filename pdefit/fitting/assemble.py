@@ -133,19 +133,17 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
     start = _parameters(cfg, system, params, source, len(window.experiments), dtype)
     guesses = _first_guesses(tuple(cfg.observe.fields), system, reader, fitted_fields,
                              start.values)
-    first_guess = {**guesses, **from_observed}
-    fields0 = _start_fields(cfg, grid, reader, source, fitted_fields, first_guess,
-                            start.warm_fields)
-    theta0 = _theta0(start, fields0, domain)
+    first_guess = _start_fields(cfg, grid, reader, source, fitted_fields,
+                                {**guesses, **from_observed})
+    theta0 = _theta0(start, _warm_fields(first_guess, start.warm_fields), domain)
     problem = _problem(cfg, system, grid, source, window, start.layout, observation,
                        fitted_fields, domain, dtype)
     if window.n_steps == 0:
         raise ConfigError("the training window has no time steps: use at least two frames")
     # The fitted fields' first guess is the background their prior pulls towards; a warm
     # start (fit.start_from) moves where they start, never the prior.
-    background = theta0["fields"] if not start.warm_fields else _theta0(start, _start_fields(
-        cfg, grid, reader, source, fitted_fields, first_guess, {}), domain)["fields"]
-    batch = Batch(observed, initial, dict(background))
+    background = (theta0 if not start.warm_fields else _theta0(start, first_guess, domain))
+    batch = Batch(observed, initial, dict(background["fields"]))
     # Multiple shooting: the segments start from the run of that first guess.
     theta0 = shooting.with_segments(problem, theta0, batch)
     # The table of start/recovered values shows numbers: shared scalars only.
@@ -395,8 +393,9 @@ def _first_guesses(observe: tuple[str, ...], system: System, reader: Reader,
 
 def _start_fields(cfg: FitConfig, grid: Grid, reader: Reader, source: Source,
                   fitted_fields: tuple[str, ...], from_observed: dict[str, Any],
-                  warm_fields: dict[str, Any]) -> dict[str, Any]:
-    """Where each fitted initial field starts."""
+                  ) -> dict[str, Any]:
+    """Each fitted initial field's first guess: where it starts without fit.start_from, and
+    the background its prior pulls towards."""
     n_experiments, dtype = len(reader.window.experiments), reader.dtype
     fields0 = {}
     for name in fitted_fields:
@@ -412,14 +411,21 @@ def _start_fields(cfg: FitConfig, grid: Grid, reader: Reader, source: Source,
             guess = from_observed[name]
         if guess is None:
             guess = jnp.zeros((n_experiments, *grid.shape), dtype)
+        fields0[name] = guess
+    return fields0
+
+
+def _warm_fields(first_guess: dict[str, Any], warm_fields: dict[str, Any]) -> dict[str, Any]:
+    """The fitted fields of fit.start_from where their shapes match, else the first guess."""
+    fields0 = dict(first_guess)
+    for name, guess in first_guess.items():
         previous = warm_fields.get(name)
-        if previous is not None and previous.shape == (n_experiments, *grid.shape):
-            guess = jnp.asarray(previous, dtype)
+        if previous is not None and previous.shape == guess.shape:
+            fields0[name] = jnp.asarray(previous, guess.dtype)
         elif previous is not None:
             log.warning(f"fit.start_from: the fitted field {name!r} has shape "
-                        f"{previous.shape}, this fit's is {(n_experiments, *grid.shape)}: "
-                        "it starts as without start_from")
-        fields0[name] = guess
+                        f"{previous.shape}, this fit's is {guess.shape}: it starts as "
+                        "without start_from")
     return fields0
 
 

@@ -70,12 +70,8 @@ def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: i
     k = flat.shape[0]
     zero = jax.tree.map(jnp.zeros_like, theta)
     gradient = jax.jit(jax.grad(problem.loss))(theta, batch)
-    scale = krylov.MatrixFree(problem).diagonal(theta, batch, jax.random.key(0))["fields"]
     product = jax.jit(lambda v: krylov.gauss_newton_product(problem, theta, batch, v))
-
-    def fields_only(fields):
-        return product({**zero, "fields": fields})["fields"]
-
+    fields_only, scale = field_block(problem, theta, batch)
     solve = jax.jit(lambda rhs: field_solve(fields_only, rhs, scale, iterations))
     block = np.zeros((k, k))
     coupled = np.zeros((k, k))
@@ -89,6 +85,21 @@ def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: i
     reduced = (np.asarray(ravel_pytree(gradient["params"])[0])
                - np.asarray(ravel_pytree(product({**zero, "fields": g_fields})["params"])[0]))
     return coupled, reduced, block
+
+
+def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | None = None,
+                ) -> tuple[Any, Any]:
+    """(v ↦ G_xx v, the Gauss–Newton matrix's block over the fitted fields applied to
+    fields v; the fit's scaling of the fields, which preconditions its solves), at
+    ``theta``; ``key`` draws the scaling's Hutchinson probe."""
+    zero = jax.tree.map(jnp.zeros_like, theta)
+
+    def fields_only(fields):
+        return krylov.gauss_newton_product(problem, theta, batch, {**zero, "fields": fields})[
+            "fields"]
+
+    key = jax.random.key(0) if key is None else key
+    return fields_only, krylov.MatrixFree(problem).diagonal(theta, batch, key)["fields"]
 
 
 def field_solve(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> Any:

@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pdefit.fitting import krylov, marginal
+from pdefit.fitting import marginal
 from pdefit.fitting.problem import Batch, FitProblem
 
 PROBES = 4
@@ -56,29 +56,29 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
                  iterations: int = marginal.ITERATIONS, seed: int = 0) -> dict[str, Any]:
     """{"fields": {field: {"values", "signal_dof", "standard_error", "determined_fraction",
     "prior"}}, "probes", "exact", "signal_dof", "solver_iterations", "solves_at_cap"} at
-    ``theta`` (see the module docstring; ``prior``: whether a prior acts on the fields,
-    without which A = I and nothing is solved); ``seed`` draws the probes."""
+    ``theta`` (see the module docstring; ``prior``: whether a prior acts on the field; where
+    none acts on any, A = I and nothing is solved); ``seed`` draws the probes."""
     fields = theta["fields"]
     sizes = {f: int(np.prod(x.shape)) for f, x in fields.items()}
-    if not _has_prior(problem, batch):  # A = I: no solve needed
+    zero = jax.tree.map(jnp.zeros_like, theta)
+
+    def prior(t):
+        return problem.penalty(t) + problem.field_prior(t, batch)
+
+    @jax.jit
+    def prior_product(v):  # P_xx v: no model run
+        return jax.jvp(jax.grad(prior), (theta,), ({**zero, "fields": v},))[1]["fields"]
+
+    # Which fields a prior acts on, from one random probe (P_xx z ≠ 0 on its cells).
+    acted = prior_product(_rademacher(fields, 1, seed)[0])
+    has_prior = {f: bool(jnp.any(acted[f] != 0)) for f in fields}
+    if not any(has_prior.values()):  # A = I: nothing to solve
         return {"fields": {f: {"values": n, "signal_dof": float(n), "standard_error": None,
                                "determined_fraction": 1.0, "prior": False}
                            for f, n in sizes.items()},
                 "probes": 0, "exact": True, "signal_dof": float(sum(sizes.values())),
                 "solver_iterations": [], "solves_at_cap": 0}
-    zero = jax.tree.map(jnp.zeros_like, theta)
-
-    def product(v):
-        return krylov.gauss_newton_product(problem, theta, batch, {**zero, "fields": v})[
-            "fields"]
-
-    def prior(t):
-        return problem.penalty(t) + problem.field_prior(t, batch)
-
-    def prior_product(v):
-        return jax.jvp(jax.grad(prior), (theta,), ({**zero, "fields": v},))[1]["fields"]
-
-    scale = krylov.MatrixFree(problem).diagonal(theta, batch, jax.random.key(seed))["fields"]
+    product, scale = marginal.field_block(problem, theta, batch, jax.random.key(seed))
 
     @jax.jit
     def sample(z):  # per field: Σ over its cells of z ⊙ A z, A z = z − G_xx⁻¹ P_xx z
@@ -96,21 +96,13 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
         total = float(values.sum()) if exact else float(values.mean())
         spread = None if exact else float(values.std(ddof=1) / math.sqrt(len(values)))
         per_field[f] = {"values": n, "signal_dof": total, "standard_error": spread,
-                        "determined_fraction": total / n, "prior": True}
+                        "determined_fraction": total / n, "prior": has_prior[f]}
     # A solve stopped at its cap leaves the weakest directions' share of G_xx⁻¹ P_xx z out:
     # the traces are then upper bounds.
     capped = int(sum(int(k) >= iterations for k in steps))
     return {"fields": per_field, "probes": len(draws), "exact": exact,
             "signal_dof": sum(r["signal_dof"] for r in per_field.values()),
             "solver_iterations": [int(k) for k in steps], "solves_at_cap": capped}
-
-
-def _has_prior(problem: FitProblem, batch: Batch) -> bool:
-    """Whether any term of the loss besides the data acts on the fitted fields
-    (:meth:`pdefit.fitting.problem.FitProblem.penalty` and ``field_prior``)."""
-    reg = problem.regularization
-    return bool(reg.fields or reg.field_smoothness
-                or (reg.field_background and set(batch.background) & set(problem.fitted_fields)))
 
 
 def _rademacher(fields: dict[str, jax.Array], probes: int, seed: int) -> list[dict[str, Any]]:

@@ -328,7 +328,6 @@ def _dof_note(fields_dof: float) -> str:
     return f"{what}; the fitted fields' other freedom is not subtracted"
 
 
-
 def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
     """Eigen-decomposition of ``bread`` scaled to unit diagonal (a zero diagonal, a parameter
     the data never see, stays zero): (scaling d, eigenvalues, eigenvectors, condition number);
@@ -456,8 +455,8 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch,
     dof = n_values - p - fields_dof
     if sigma is None:
         if dof <= 0:
-            return {"available": False,
-                    "reason": f"{n_values} observed values for {p} parameters"}
+            return {"available": False, "reason": f"{n_values} observed values for {p} "
+                    f"parameters and {fields_dof:.4g} more degrees of freedom of fitted fields"}
         sigma2, source = parts.rss / dof, "residual"
         quantile = float(stats.t.ppf(0.5 + LEVEL / 2, dof))
     else:
