@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The GPU rows of issue 24 in one device call: benchmarks/realistic.py's headline fits run side
 # by side on one GPU (each process takes a quarter of its memory), each under a time limit so
-# that the run directories come back even when a fit is cut short.
+# that the run directories come back even when a fit is cut short. On the device machine:
+#   bash benchmarks/gpu_wheels.sh                                    # here, once
+#   run (carry .whl): source .whl/gpu_setup.sh && OUT=$OUT LIMIT=500 bash benchmarks/gpu_realistic.sh
 #   OUT          where the results go (the device call's $OUT)
 #   LIMIT        seconds each fit may run (default 500)
 #   BOCF_GRIDS   BOCF grids (default "128 512"); AP_GRIDS the Aliev–Panfilov ones (default 128)
