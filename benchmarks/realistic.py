@@ -139,6 +139,11 @@ def summary_record(summary: dict[str, Any]) -> dict[str, Any]:
         determined={name: row["determined_fraction"] for name, row in (
             (summary.get("uncertainty") or {}).get("field_signal") or {"fields": {}}
         )["fields"].items()},
+        # each fitted field's rms distance from its first guess over the background prior's
+        # σ_b (pdefit.fitting.background): above 2 the prior is too narrow for the guess
+        background_ratio={name: row["ratio"] for name, row in (
+            (summary.get("uncertainty") or {}).get("field_background") or {"fields": {}}
+        )["fields"].items()},
         parameters={r["name"]: {k: r.get(k) for k in (
             "start", "recovered", "true", "rel_error", "std_error", "ci95_low", "ci95_high",
             "flag")} for r in rows})

@@ -296,7 +296,9 @@ class FitResult:
     the standard errors and 95 % intervals of the fitted shared scalars (the ``uncertainty``
     block, :func:`pdefit.fitting.uncertainty.estimate`; None when skipped; see
     :attr:`intervals`; with fitted initial fields also ``field_signal``, how many of each
-    field's values the data determine, :mod:`pdefit.fitting.signal`) and ``residual`` the
+    field's values the data determine, :mod:`pdefit.fitting.signal`, and ``field_background``,
+    whether their background prior is as wide as their first guess is wrong,
+    :mod:`pdefit.fitting.background`) and ``residual`` the
     verdict on the residual (noise, rounding, model error, ...:
     :func:`pdefit.fitting.outcome.residual_verdict`; None when skipped)."""
 

@@ -99,6 +99,16 @@ def dense_gauss_newton(problem, theta, batch, residuals):
             2 * jacobian.T @ r + jax.grad(prior)(flat), r)
 
 
+def voltage_only_truth(n_steps: int) -> dict[str, jnp.ndarray]:
+    """The noise-free frames (every 10 steps) of :func:`voltage_only_setup`, u and v."""
+    grid = Grid((16, 16), (1.0, 1.0))
+    params = {k: jnp.asarray(v, jnp.float64) for k, v in AP96.items()}
+    step = stepper(AlievPanfilov(), grid, "euler")
+    spun = simulate(step, {k: v[0] for k, v in ap_state(grid).items()}, params, 0.0, 0.05,
+                    100, 100)
+    return simulate(step, {k: v[-1] for k, v in spun.items()}, params, 0.0, 0.05, n_steps, 10)
+
+
 def voltage_only_setup(n_steps: int):
     """``pdefit.build_problem`` on noisy u frames in memory (σ = 0.01, every 10 steps of dt
     0.05 on 16², spun up for 100 steps first so that v belongs to the dynamics of u, as in a
@@ -107,12 +117,7 @@ def voltage_only_setup(n_steps: int):
     import pdefit
 
     grid = Grid((16, 16), (1.0, 1.0))
-    params = {k: jnp.asarray(v, jnp.float64) for k, v in AP96.items()}
-    step = stepper(AlievPanfilov(), grid, "euler")
-    spun = simulate(step, {k: v[0] for k, v in ap_state(grid).items()}, params, 0.0, 0.05,
-                    100, 100)
-    frames = simulate(step, {k: v[-1] for k, v in spun.items()}, params, 0.0, 0.05, n_steps,
-                      10)
+    frames = voltage_only_truth(n_steps)
     u = np.asarray(frames["u"]) + 0.01 * np.random.default_rng(0).standard_normal(
         frames["u"].shape)
     return pdefit.build_problem(

@@ -156,7 +156,8 @@ def test_intervals_with_fitted_fields_are_the_dense_schur_complement():
 def test_python_api_fits_hidden_fields_with_levenberg_marquardt():
     """``pdefit.build_problem`` on u frames in memory (noisy, v never recorded) with u(0) and
     v(0) fitted, and ``pdefit.fit(optimizer="levenberg_marquardt")``: the matrix-free path,
-    k and a near the truth, intervals marginalised over the fields, a residual verdict."""
+    k and a near the truth, intervals marginalised over the fields, a residual verdict, and
+    the check that flags the background prior as narrower than v's first guess is wrong."""
     import pdefit
 
     setup = voltage_only_setup(200)
@@ -169,6 +170,12 @@ def test_python_api_fits_hidden_fields_with_levenberg_marquardt():
     assert set(result.uncertainty["parameters"]) == {"k", "a"}
     assert result.residual["verdict"] in ("estimated", "noise")
     assert set(result.fields) == {"u", "v"}
+    # v's first guess (its nullcline where u is excited) is 1.27 (rms) off the truth, about
+    # 6 × the σ_b = 0.22 of the background weight 1e-4: flagged, with the weight that fits it.
+    check = result.uncertainty["field_background"]
+    assert check["narrow"] == ["v"]
+    assert check["fields"]["v"]["ratio"] > 4 and check["fields"]["u"]["ratio"] < 0.1
+    assert 1e-6 < check["matching_weight"] < 1e-5
 
 
 def test_fields_alone_are_fitted_by_matrix_free_steps():

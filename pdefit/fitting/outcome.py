@@ -11,7 +11,9 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from pdefit.fitting import signal
+import numpy as np
+
+from pdefit.fitting import background, signal
 from pdefit.fitting.observe import NOISE_KEY
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.fitting.uncertainty import (
@@ -20,6 +22,7 @@ from pdefit.fitting.uncertainty import (
     estimate,
     fitted_initial_values,
     known_sigma,
+    misfit_weights,
     residual_statistics,
     unavailable_reason,
 )
@@ -49,7 +52,9 @@ def intervals(problem: FitProblem, theta: Any, batch: Batch,
     system), else estimated from the residual; and the curvature it comes from (None without
     intervals, with the reason). With fitted initial fields the block also says how much of
     each the data determine (``field_signal``, :mod:`pdefit.fitting.signal`), and the degrees
-    of freedom of the residual subtract that."""
+    of freedom of the residual subtract that; with a background prior on them, whether it is
+    as wide as their first guess is wrong (``field_background``,
+    :mod:`pdefit.fitting.background`)."""
     fields = _field_signal(problem, theta, batch, log)
     extra = 0.0 if fields is None else (fields["signal_dof"]
                                         - fitted_initial_values(problem, batch))
@@ -63,13 +68,37 @@ def intervals(problem: FitProblem, theta: Any, batch: Batch,
                                          fields_dof=extra)
         if statistics is not None:
             block["residual"] = statistics
-        return block, None
+        return {**block, **_background(problem, theta, batch, statistics, fields, log)}, None
     log("parameter intervals: one forward-tangent sweep over the training window…")
     parts = curvature_parts(problem, theta, batch)
     sigma, source = noise_level(problem, noise)
     block = estimate(problem, theta, batch, sigma, parts=parts, source=source,
                      fields_dof=extra)
-    return {**block, **signal_block}, parts
+    return {**block, **signal_block,
+            **_background(problem, theta, batch, block, fields, log)}, parts
+
+
+def _background(problem: FitProblem, theta: Any, batch: Batch,
+                statistics: Mapping[str, Any] | None, signal_block: Mapping[str, Any] | None,
+                log: Callable[[str], None]) -> dict[str, Any]:
+    """``{"field_background": ...}`` (:func:`pdefit.fitting.background.background_check`,
+    with the fields' determined fractions of ``signal_block``) where the fitted fields have a
+    background prior and the residual statistics give one σ for one misfit weight per
+    observed value; else empty."""
+    if (not statistics or not statistics.get("sigma")  # none, or noise-free data
+            or statistics.get("sigma_per_field") is not None
+            or not background.available(problem, batch)):
+        return {}
+    weights = np.concatenate([np.ravel(w) for w in misfit_weights(problem, batch).values()])
+    if not np.allclose(weights, weights[0], rtol=1e-12, atol=0.0):
+        return {}
+    determined = {f: row["determined_fraction"]
+                  for f, row in (signal_block or {"fields": {}})["fields"].items()}
+    check = background.background_check(problem, theta, batch, float(statistics["sigma"]),
+                                        float(weights[0]), determined)
+    for line in background.format_check(check):
+        log(line)
+    return {"field_background": check}
 
 
 def _field_signal(problem: FitProblem, theta: Any, batch: Batch,

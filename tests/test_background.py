@@ -1,0 +1,99 @@
+"""Is the fitted fields' background prior as wide as their first guess is wrong?
+(pdefit.fitting.background)"""
+
+from __future__ import annotations
+
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import voltage_only_setup, voltage_only_truth
+
+from pdefit.fitting import background, uncertainty
+
+SIGMA = 0.01
+
+
+def _at_truth(offsets: dict[str, float]):
+    """The voltage-only problem (noise σ = 0.01, background weight 1e-4) at the true initial
+    fields, its background the truth plus Gaussian noise of ``offsets[f]`` × σ_b per cell;
+    and σ_b = σ √(C / (N w)) (docs/design-decisions.md), N the observed values."""
+    setup = voltage_only_setup(200)
+    truth = voltage_only_truth(200)
+    weight = setup.problem.regularization.field_background
+    n_values = truth["u"].size
+    cells = truth["u"][0].size
+    prior_sigma = SIGMA * math.sqrt(cells / (n_values * weight))
+    rng = np.random.default_rng(3)
+    fields = {f: truth[f][0][None] for f in ("u", "v")}
+    centre = {f: fields[f] + offsets[f] * prior_sigma * rng.standard_normal(fields[f].shape)
+              for f in fields}
+    theta = {**setup.theta0, "fields": {f: jnp.asarray(x) for f, x in fields.items()}}
+    batch = setup.batch._replace(background={f: jnp.asarray(x) for f, x in centre.items()})
+    weights = uncertainty.misfit_weights(setup.problem, batch)["u"]
+    return setup.problem, theta, batch, prior_sigma, float(np.ravel(weights)[0]), n_values
+
+
+def test_a_background_as_wide_as_its_error_is_not_flagged():
+    """A background drawn about the truth with the σ_b the weight stands for, at the truth
+    (all of it determined): each field sits about σ_b from it (ratio within 10 % of 1) and
+    nothing is flagged. The misfit weight per value is 1/N."""
+    problem, theta, batch, prior_sigma, misfit, n_values = _at_truth({"u": 1.0, "v": 1.0})
+    assert misfit == pytest.approx(1.0 / n_values, rel=1e-12)
+    check = background.background_check(problem, theta, batch, SIGMA, misfit)
+    for name in ("u", "v"):
+        row = check["fields"][name]
+        assert row["prior_sigma"] == pytest.approx(prior_sigma, rel=1e-12)
+        assert row["ratio"] == pytest.approx(1.0, abs=0.1), name
+        assert not row["narrow"]
+    assert check["narrow"] == [] and check["matching_weight"] is None
+
+
+def test_a_first_guess_far_wrong_is_flagged_with_the_weight_that_matches():
+    """v's background 3 σ_b off per cell: v is flagged (ratio ≈ 3), u is not, and the weight
+    that makes σ_b match v's error is about the used weight / 9; the log says so, naming
+    regularization.field_background."""
+    problem, theta, batch, _, misfit, _ = _at_truth({"u": 0.1, "v": 3.0})
+    check = background.background_check(problem, theta, batch, SIGMA, misfit)
+    assert check["fields"]["v"]["ratio"] == pytest.approx(3.0, rel=0.1)
+    assert check["fields"]["u"]["ratio"] < 0.2
+    assert check["narrow"] == ["v"]
+    distance = float(jnp.sqrt(jnp.mean((theta["fields"]["v"] - batch.background["v"]) ** 2)))
+    assert check["fields"]["v"]["rms_from_background"] == pytest.approx(distance, rel=1e-12)
+    cells = theta["fields"]["v"].size
+    assert check["matching_weight"] == pytest.approx(SIGMA**2 * misfit * cells / distance**2,
+                                                     rel=1e-12)
+    assert check["matching_weight"] == pytest.approx(check["weight"] / 9, rel=0.2)
+    lines = background.format_check(check)
+    assert len(lines) == 3 and "regularization.field_background" in lines[-1]
+    assert lines[-1].startswith("the background prior is narrower")
+
+
+def test_the_ratio_counts_only_what_the_data_determine():
+    """With a quarter of v determined, v's expected distance is σ_b √(1/4): the same
+    distance (1.2 σ_b) is twice the ratio, flagged, and the matching weight carries the
+    fraction. With 2.56 of its 256 values determined v is not judged: no ratio, no flag,
+    whatever its distance."""
+    problem, theta, batch, _, misfit, _ = _at_truth({"u": 1.0, "v": 1.2})
+    whole = background.background_check(problem, theta, batch, SIGMA, misfit)
+    quarter = background.background_check(problem, theta, batch, SIGMA, misfit,
+                                          {"u": 1.0, "v": 0.25})
+    assert quarter["fields"]["v"]["ratio"] == pytest.approx(
+        2 * whole["fields"]["v"]["ratio"], rel=1e-12)
+    assert quarter["narrow"] == ["v"]
+    row = quarter["fields"]["v"]
+    assert quarter["matching_weight"] == pytest.approx(
+        SIGMA**2 * misfit * row["values"] * 0.25 / row["rms_from_background"]**2, rel=1e-12)
+    problem, theta, batch, _, misfit, _ = _at_truth({"u": 0.1, "v": 3.0})
+    hardly = background.background_check(problem, theta, batch, SIGMA, misfit,
+                                         {"u": 1.0, "v": 0.01})
+    assert not hardly["fields"]["v"]["judged"] and hardly["fields"]["v"]["ratio"] is None
+    assert hardly["narrow"] == [] and hardly["matching_weight"] is None
+    assert "too little of it" in background.format_check(hardly)[1]
+
+
+def test_no_background_prior_no_check():
+    problem, _, batch, *_ = _at_truth({"u": 1.0, "v": 1.0})
+    assert background.available(problem, batch)
+    assert not background.available(problem, batch._replace(background={}))
