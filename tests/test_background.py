@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from helpers import voltage_only_setup, voltage_only_truth
 
-from pdefit.fitting import background, uncertainty
+from pdefit.fitting import background, outcome, uncertainty
 
 SIGMA = 0.01
 
@@ -97,3 +97,17 @@ def test_no_background_prior_no_check():
     problem, _, batch, *_ = _at_truth({"u": 1.0, "v": 1.0})
     assert background.available(problem, batch)
     assert not background.available(problem, batch._replace(background={}))
+
+
+def test_the_fit_outcome_checks_only_a_sigma_it_can_trust():
+    """outcome's check runs for one σ from the residual statistics (and names the matching
+    weight where v's background is 3 σ_b off), but not for noise-free data (σ at rounding,
+    against which any prior is narrow), per-field levels or a missing σ."""
+    problem, theta, batch, *_ = _at_truth({"u": 0.1, "v": 3.0})
+    lines = []
+    stats = {"sigma": SIGMA, "sigma_per_field": None, "residual_at_roundoff": False}
+    block = outcome._background(problem, theta, batch, stats, None, lines.append)
+    assert block["field_background"]["narrow"] == ["v"] and len(lines) == 3
+    for other in ({**stats, "residual_at_roundoff": True}, {**stats, "sigma": None},
+                  {**stats, "sigma_per_field": {"u": SIGMA}}, None):
+        assert outcome._background(problem, theta, batch, other, None, lines.append) == {}

@@ -85,7 +85,8 @@ def _background(problem: FitProblem, theta: Any, batch: Batch,
     with the fields' determined fractions of ``signal_block``) where the fitted fields have a
     background prior and the residual statistics give one σ for one misfit weight per
     observed value; else empty."""
-    if (not statistics or not statistics.get("sigma")  # none, or noise-free data
+    # Noise-free data (σ at rounding) make any prior narrow against them: not judged.
+    if (not statistics or not statistics.get("sigma") or statistics.get("residual_at_roundoff")
             or statistics.get("sigma_per_field") is not None
             or not background.available(problem, batch)):
         return {}
