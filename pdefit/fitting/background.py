@@ -101,5 +101,6 @@ def format_check(block: dict[str, Any]) -> list[str]:
             f"the background prior is narrower than the first guess of "
             f"{', '.join(block['narrow'])} is wrong: it pulls the directions the data leave to "
             "it, and the parameters, towards the guess, a bias the intervals do not hold; "
-            f"regularization.field_background = {block['matching_weight']:.2g} makes it as wide")
+            f"regularization.field_background = {block['matching_weight']:.2g} would make it as "
+            "wide (a weaker prior leaves more to the optimiser: give it more steps)")
     return lines
