@@ -46,8 +46,8 @@ JUDGED = 10.0
 
 def available(problem: FitProblem, batch: Batch) -> bool:
     """Whether ``problem`` has a background prior on a fitted initial field."""
-    weight = float(getattr(problem.regularization, "field_background", 0.0) or 0.0)
-    return weight > 0 and any(f in batch.background for f in problem.fitted_fields)
+    return (problem.regularization.field_background > 0
+            and any(f in batch.background for f in problem.fitted_fields))
 
 
 def background_check(problem: FitProblem, theta: Any, batch: Batch, sigma: float,

@@ -46,11 +46,17 @@ def fields_reason(problem: FitProblem, weights: dict[str, Any]) -> str | None:
     if others or not problem.layout.fitted:
         return ("intervals with fitted initial fields cover shared scalar parameters only"
                 if others else "no fitted parameter")
-    levels = np.concatenate([np.ravel(w) for w in weights.values()])
-    if not np.allclose(levels, levels[0], rtol=1e-12, atol=0.0):
+    if common_weight(weights) is None:
         return ("intervals with fitted initial fields need one misfit weight for every "
                 "observed value (one field, or fields of equal noise and count)")
     return None
+
+
+def common_weight(weights: dict[str, Any]) -> float | None:
+    """The one misfit weight of every observed value (``weights``: per observed field, one
+    per experiment), or None where they differ."""
+    levels = np.concatenate([np.ravel(w) for w in weights.values()])
+    return float(levels[0]) if np.allclose(levels, levels[0], rtol=1e-12, atol=0.0) else None
 
 
 def marginal_parts(problem: FitProblem, theta: Any, batch: Batch,

@@ -11,9 +11,7 @@ import math
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import numpy as np
-
-from pdefit.fitting import background, signal
+from pdefit.fitting import background, marginal, signal
 from pdefit.fitting.observe import NOISE_KEY
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.fitting.uncertainty import (
@@ -90,13 +88,13 @@ def _background(problem: FitProblem, theta: Any, batch: Batch,
             or statistics.get("sigma_per_field") is not None
             or not background.available(problem, batch)):
         return {}
-    weights = np.concatenate([np.ravel(w) for w in misfit_weights(problem, batch).values()])
-    if not np.allclose(weights, weights[0], rtol=1e-12, atol=0.0):
+    weight = marginal.common_weight(misfit_weights(problem, batch))
+    if weight is None:
         return {}
     determined = {f: row["determined_fraction"]
                   for f, row in (signal_block or {"fields": {}})["fields"].items()}
     check = background.background_check(problem, theta, batch, float(statistics["sigma"]),
-                                        float(weights[0]), determined)
+                                        weight, determined)
     for line in background.format_check(check):
         log(line)
     return {"field_background": check}
