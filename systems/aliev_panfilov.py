@@ -92,8 +92,8 @@ class AlievPanfilov:
         v = −k u (u − b − 1) where u is above the excitation threshold a, and 0 below it (at
         rest; noise on a resting u would otherwise make v noise k(1 + b) times larger). Low
         in a refractory tail and far too high behind a wave front, where v has not risen
-        yet: on ap_from_voltage (32²) its rms error is 1.5 × the rms of the true v (zero
-        would be 1 ×), so a background prior around it must be wide
+        yet: on ap_from_voltage (32², made with the true k and a) its rms error is 1.5 × the
+        rms of the true v (zero would be 1 ×), so a background prior around it must be wide
         (pdefit.fitting.background says when it is not); a fit corrects it where the data
         determine v."""
         if "u" not in observed:
