@@ -17,14 +17,15 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 from pdefit.adjoint import StoreAll
+from pdefit.fitting.directions import NOT_DETERMINED, UNRESOLVED
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.observe import Observation, observed_data
 from pdefit.fitting.problem import Batch, FitProblem, Regularization
 from pdefit.fitting.train import run_fit
 from pdefit.fitting.uncertainty import (
     NOT_CONVERGED,
-    NOT_DETERMINED,
     ROUNDOFF_NOTE,
+    CurvatureParts,
     at_roundoff,
     data_rms,
     estimate,
@@ -181,6 +182,34 @@ def test_standard_errors_shrink_like_one_over_sqrt_frames():
         for finer, expected in ((1, np.sqrt(2)), (2, 2.0)):
             ratio = errors[0][name] / errors[finer][name]
             assert ratio == pytest.approx(expected, rel=0.2), (name, finer, ratio)
+
+
+def test_an_indefinite_curvature_is_reported_as_computed_wrong_not_as_flat():
+    """A Gauss–Newton curvature cannot be indefinite: one that comes out so (as the Schur
+    complement did on a BOCF 64² fit of all four fields, relative eigenvalue −7.7, its
+    field solves at their cap) flags the parameters in that direction as unknown, with a
+    note, where a merely flat direction says "not determined by the data"."""
+    problem, batch, theta, _ = noisy_problem(("k", "a", "eps0"), list(range(0, 21, 5)))
+    parts = dict(rss=1.0, n_values=100, gradient=np.zeros(3), initial_noise=None)
+    # Flattened order a, eps0, k; eps0 and k move together: flat, or with eigenvalue −2 of 4.
+    flat = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0 - 1e-12], [0.0, 1.0 - 1e-12, 1.0]])
+    indefinite = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 3.0], [0.0, 3.0, 1.0]])
+    for bread, flag in ((flat, NOT_DETERMINED), (indefinite, UNRESOLVED)):
+        result = estimate(problem, theta, batch, sigma=SIGMA,
+                          parts=CurvatureParts(bread=bread, meat=bread, **parts))
+        assert [result["parameters"][n]["flag"] for n in ("eps0", "k")] == [flag, flag]
+        assert result["parameters"]["a"]["flag"] == "" and result["parameters"]["a"]["std_error"]
+        if flag == NOT_DETERMINED:
+            assert result["note"] is None
+        else:
+            assert result["note"].startswith("no interval for ['eps0', 'k']"), result["note"]
+            assert "indefinite: relative eigenvalue -0.5" in result["note"]
+    # A marginal curvature lost in the field solves' error (marginal.RESOLVED): unknown too.
+    lost = estimate(problem, theta, batch, sigma=SIGMA, parts=CurvatureParts(
+        bread=np.eye(3), meat=np.eye(3), unresolved=(0,), **parts))
+    assert lost["parameters"]["a"]["flag"] == UNRESOLVED and lost["parameters"]["a"][
+        "std_error"] is None
+    assert lost["parameters"]["k"]["flag"] == "" and "fields' block solves" in lost["note"]
 
 
 def test_a_parameter_the_data_do_not_see_is_flagged():

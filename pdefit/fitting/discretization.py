@@ -90,7 +90,7 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from pdefit.adjoint import LossChain, StoreAll
-from pdefit.fitting import uncertainty
+from pdefit.fitting import directions, uncertainty
 from pdefit.fitting.observe import ObservedData, zero_like_state
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.model.system import System, made_by, stable_dt_limit, stepper
@@ -344,7 +344,7 @@ def parameter_shift(problem: FitProblem, theta: Any, batch: Batch, substeps: int
     flat, unravel = ravel_pytree(theta["params"])
     gradient = np.asarray(ravel_pytree(jax.jit(jax.grad(refined.loss))(theta, batch)["params"])[0],
                           np.float64)
-    inverse = uncertainty.pseudo_inverse(parts.bread, uncertainty.default_rcond(flat.dtype))[0]
+    inverse = directions.pseudo_inverse(parts.bread, directions.default_rcond(flat.dtype))[0]
     step = -0.5 * inverse @ (gradient - parts.gradient)
     index = unravel(jnp.arange(flat.shape[0]))
     shifts = {}

@@ -35,6 +35,13 @@ from pdefit.fitting.problem import Batch, FitProblem
 # Conjugate-gradient iterations per field-block solve, and their relative tolerance.
 ITERATIONS = 60
 RTOL = 1e-4
+# The solves give B_px B_xx⁻¹ B_xp to about RTOL of B_pp, so a marginal curvature S_ii below
+# RESOLVED × (B_pp)_ii is lost in their error, not measured (a BOCF 64² fit of all four fields:
+# 1e-5, with a scaled eigenvalue of S at −7.7 × its largest).
+RESOLVED = 1e-3
+# Solves batched together each hold the model's tangent at every observed frame (as much
+# memory as the data); a batch holds at most this many bytes of them.
+BATCH_BYTES = 2**31
 
 
 def fields_reason(problem: FitProblem, weights: dict[str, Any]) -> str | None:
@@ -60,37 +67,62 @@ def common_weight(weights: dict[str, Any]) -> float | None:
 
 
 def marginal_parts(problem: FitProblem, theta: Any, batch: Batch,
-                   iterations: int = ITERATIONS) -> tuple[np.ndarray, np.ndarray]:
-    """(S, the reduced gradient of the loss) at ``theta``, over ``theta["params"]`` flattened in
-    ``ravel_pytree`` order (see the module docstring)."""
-    columns, reduced_gradient, block = _solved_columns(problem, theta, batch, iterations)
+                   iterations: int = ITERATIONS, batch_size: int | None = None,
+                   ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
+    """(S, the reduced gradient of the loss, the positions whose S_ii the solves do not
+    resolve: below :data:`RESOLVED` of B_pp's) at ``theta``, over ``theta["params"]``
+    flattened in ``ravel_pytree`` order (see the module docstring); ``batch_size``: see
+    :func:`batched`."""
+    columns, reduced_gradient, block = _solved_columns(problem, theta, batch, iterations,
+                                                       batch_size)
     schur = 0.5 * (block - columns)
-    return 0.5 * (schur + schur.T), np.asarray(reduced_gradient, np.float64)
+    schur = 0.5 * (schur + schur.T)
+    lost = np.flatnonzero(np.diag(schur) < RESOLVED * 0.5 * np.diag(block))
+    return schur, np.asarray(reduced_gradient, np.float64), tuple(int(i) for i in lost)
 
 
 def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: int,
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                    batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(G_px G_xx⁻¹ G_xp, g_p − G_px G_xx⁻¹ g_x, G_pp) for G = 2B, the full Gauss–Newton
-    matrix of the loss."""
+    matrix of the loss; the k + 1 field solves run ``batch_size`` at a time
+    (:func:`batched`)."""
     flat, unravel = ravel_pytree(theta["params"])
     k = flat.shape[0]
     zero = jax.tree.map(jnp.zeros_like, theta)
-    gradient = jax.jit(jax.grad(problem.loss))(theta, batch)
-    product = jax.jit(lambda v: krylov.gauss_newton_product(problem, theta, batch, v))
     fields_only, scale = field_block(problem, theta, batch)
-    solve = jax.jit(lambda rhs: field_solve(fields_only, rhs, scale, iterations))
-    block = np.zeros((k, k))
-    coupled = np.zeros((k, k))
-    for i in range(k):
-        column = product({**zero, "params": unravel(jnp.eye(k, dtype=flat.dtype)[i])})
-        block[:, i] = np.asarray(ravel_pytree(column["params"])[0])
-        solved = solve(column["fields"])
-        coupled[:, i] = np.asarray(ravel_pytree(product({**zero, "fields": solved})[
-            "params"])[0])
-    g_fields = solve(gradient["fields"])
-    reduced = (np.asarray(ravel_pytree(gradient["params"])[0])
-               - np.asarray(ravel_pytree(product({**zero, "fields": g_fields})["params"])[0]))
-    return coupled, reduced, block
+
+    def product(v):
+        return krylov.gauss_newton_product(problem, theta, batch, v)
+
+    def column(unit):  # G·e_i: its parameter rows (G_pp) and its field rows (G_xp e_i)
+        response = product({**zero, "params": unravel(unit)})
+        return ravel_pytree(response["params"])[0], response["fields"]
+
+    def coupled(rhs):  # G_px G_xx⁻¹ rhs
+        solved = field_solve(fields_only, rhs, scale, iterations)
+        return ravel_pytree(product({**zero, "fields": solved})["params"])[0]
+
+    gradient = jax.jit(jax.grad(problem.loss))(theta, batch)
+    block, field_rows = batched(column, jnp.eye(k, dtype=flat.dtype), batch_size, batch)
+    # The gradient's field part is one more right-hand side of the same solves.
+    rhs = jax.tree.map(lambda c, g: jnp.concatenate([c, g[None]]), field_rows,
+                       gradient["fields"])
+    solved = np.asarray(batched(coupled, rhs, batch_size, batch), np.float64)
+    reduced = np.asarray(ravel_pytree(gradient["params"])[0]) - solved[k]
+    return solved[:k].T, reduced, np.asarray(block, np.float64).T
+
+
+def batched(function: Any, stacked: Any, batch_size: int | None, batch: Batch) -> Any:
+    """``function`` over the leading axis of ``stacked``, ``batch_size`` at a time under
+    ``vmap`` (1: one after another; None: as many as :data:`BATCH_BYTES` of ``batch``'s
+    observed frames allow). A batch shares the model's primal sweep between its members'
+    tangents and adjoints, and a GPU runs them side by side."""
+    count = jax.tree.leaves(stacked)[0].shape[0]
+    if batch_size is None:
+        frames = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(batch.observed.values))
+        batch_size = BATCH_BYTES // max(frames, 1)
+    size = max(1, min(int(batch_size), count))
+    return jax.jit(lambda xs: jax.lax.map(function, xs, batch_size=size))(stacked)
 
 
 def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | None = None,

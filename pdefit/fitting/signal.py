@@ -53,11 +53,13 @@ def available(problem: FitProblem) -> bool:
 
 
 def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PROBES,
-                 iterations: int = marginal.ITERATIONS, seed: int = 0) -> dict[str, Any]:
+                 iterations: int = marginal.ITERATIONS, seed: int = 0,
+                 batch_size: int | None = None) -> dict[str, Any]:
     """{"fields": {field: {"values", "signal_dof", "standard_error", "determined_fraction",
     "prior"}}, "probes", "exact", "signal_dof", "solver_iterations", "solves_at_cap"} at
     ``theta`` (see the module docstring; ``prior``: whether a prior acts on the field; where
-    none acts on any, A = I and nothing is solved); ``seed`` draws the probes."""
+    none acts on any, A = I and nothing is solved); ``seed`` draws the probes, which are solved
+    ``batch_size`` at a time (:func:`pdefit.fitting.marginal.batched`)."""
     fields = theta["fields"]
     sizes = {f: int(np.prod(x.shape)) for f, x in fields.items()}
     zero = jax.tree.map(jnp.zeros_like, theta)
@@ -80,19 +82,18 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
                 "solver_iterations": [], "solves_at_cap": 0}
     product, scale = marginal.field_block(problem, theta, batch, jax.random.key(seed))
 
-    @jax.jit
     def sample(z):  # per field: Σ over its cells of z ⊙ A z, A z = z − G_xx⁻¹ P_xx z
         solution = marginal.field_solution(product, prior_product(z), scale, iterations)
         traces = {f: jnp.sum(z[f] * (z[f] - solution.value[f])) for f in z}
         return traces, solution.stats["num_steps"]
 
     exact = sum(sizes.values()) <= probes
-    draws, steps = zip(*(sample(z) for z in (_unit_vectors(fields) if exact
-                                             else _rademacher(fields, probes, seed))),
-                       strict=True)
+    vectors = _unit_vectors(fields) if exact else _rademacher(fields, probes, seed)
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *vectors)
+    traces, steps = marginal.batched(sample, stacked, batch_size, batch)
     per_field = {}
     for f, n in sizes.items():
-        values = np.array([float(d[f]) for d in draws])
+        values = np.asarray(traces[f], np.float64)
         total = float(values.sum()) if exact else float(values.mean())
         spread = None if exact else float(values.std(ddof=1) / math.sqrt(len(values)))
         per_field[f] = {"values": n, "signal_dof": total, "standard_error": spread,
@@ -100,7 +101,7 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
     # A solve stopped at its cap leaves the weakest directions' share of G_xx⁻¹ P_xx z out:
     # the traces are then upper bounds.
     capped = int(sum(int(k) >= iterations for k in steps))
-    return {"fields": per_field, "probes": len(draws), "exact": exact,
+    return {"fields": per_field, "probes": len(vectors), "exact": exact,
             "signal_dof": sum(r["signal_dof"] for r in per_field.values()),
             "solver_iterations": [int(k) for k in steps], "solves_at_cap": capped}
 

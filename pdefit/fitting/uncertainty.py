@@ -45,10 +45,11 @@ standard error in physical units is the delta method's |dp/dθ|·σ_θ (p·σ_θ
 Directions the data do not determine are found from the eigen-decomposition of B scaled to
 unit diagonal: an eigenvalue below ``rcond`` × the largest marks a near-singular direction, and
 the parameters with a large share in it (squared component ≥ 0.1) get no interval and are
-flagged; a parameter whose relative standard error exceeds 100 % is flagged as poorly
-determined. The intervals are centred on the optimum; where the Gauss–Newton step from the
-fitted θ, −(2B)⁺∇L, still moves a parameter by more than half its standard error the fit has
-not converged that far, and the parameter is flagged with the distance (``to_optimum``).
+flagged; below −10⁻³ × the largest it is a curvature computed wrong (a Gauss–Newton matrix is
+positive semi-definite), and its parameters are flagged as unknown, with a note. A relative
+standard error above 100 % is flagged as poorly determined. The intervals are centred on the
+optimum; where the Gauss–Newton step from the fitted θ, −(2B)⁺∇L, still moves a parameter by
+more than half its standard error, the fit has not converged that far (flagged, ``to_optimum``).
 """
 
 from __future__ import annotations
@@ -65,13 +66,17 @@ from jax.flatten_util import ravel_pytree
 from scipy import stats
 
 from pdefit.fitting import marginal
+from pdefit.fitting.directions import (
+    SHARE,
+    default_rcond,
+    pseudo_inverse,
+    unresolved_flags,
+)
 from pdefit.fitting.gauss_newton import gauss_newton
 from pdefit.fitting.krylov import predictions
 from pdefit.fitting.problem import Batch, FitProblem, Regularization
 
 LEVEL = 0.95
-SHARE = 0.1  # squared eigenvector component above which a parameter is named in a direction
-NOT_DETERMINED = "not determined by the data"
 POORLY_DETERMINED = "poorly determined (std error > 100 %)"
 # A fit whose Gauss–Newton step to the optimum exceeds this many std errors has not converged
 # as far as its intervals assume (they are centred on the optimum).
@@ -209,11 +214,9 @@ def initial_directions(x0: Any, limit: int = EXACT_LIMIT, samples: int = SAMPLES
     else:
         basis = np.random.default_rng(seed).standard_normal((samples, size))
         weight, kind = 1.0 / samples, f"estimated from {samples} random directions"
-    parts, start = [], 0
-    for leaf in leaves:
-        parts.append(jnp.asarray(basis[:, start:start + leaf.size].reshape(
-            -1, *leaf.shape), leaf.dtype))
-        start += leaf.size
+    offsets = np.cumsum([leaf.size for leaf in leaves])[:-1]
+    parts = [jnp.asarray(block.reshape(-1, *leaf.shape), leaf.dtype) for block, leaf in
+             zip(np.split(basis, offsets, axis=1), leaves, strict=True)]
     return jax.tree.unflatten(treedef, parts), weight, kind
 
 
@@ -227,6 +230,7 @@ class CurvatureParts(NamedTuple):
     meat: np.ndarray  # M
     gradient: np.ndarray  # of the fit's loss, penalty included
     initial_noise: str | None  # how the noise of a copied initial state is included
+    unresolved: tuple[int, ...] = ()  # positions whose curvature was not resolved (marginal)
 
 
 def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureParts:
@@ -274,15 +278,16 @@ def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
     meat a·S (the Laplace covariance a σ² S⁻¹), the reduced gradient; N less the fitted
     initial values that are observed (each fitted to its own noisy datum)."""
     a = float(np.ravel(next(iter(misfit_weights(problem, batch).values())))[0])
-    schur, gradient = marginal.marginal_parts(problem, theta, batch)
+    schur, gradient, unresolved = marginal.marginal_parts(problem, theta, batch)
     observed = batch.observed
     n_values = (int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
                 - fitted_initial_values(problem, batch))
-    rss = float(sum(jnp.sum(w * (p - v) ** 2) for p, v, w in zip(
-        jax.jit(lambda t, b: predictions(problem, t, b))(theta, batch).values(),
-        observed.values.values(), observed.weights.values(), strict=True)))
+    # By field name: the predictions come back in sorted order, the data in the observed one.
+    predicted = jax.jit(lambda t, b: predictions(problem, t, b))(theta, batch)
+    rss = float(sum(jnp.sum(observed.weights[f] * (predicted[f] - observed.values[f]) ** 2)
+                    for f in observed.values))
     return CurvatureParts(rss, n_values, schur, a * schur, gradient,
-                          "fitted with the parameters (a Schur complement)")
+                          "fitted with the parameters (a Schur complement)", unresolved)
 
 
 def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
@@ -328,44 +333,13 @@ def _dof_note(fields_dof: float) -> str:
     return f"{what}; the fitted fields' other freedom is not subtracted"
 
 
-def near_singular(bread: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, float]:
-    """Eigen-decomposition of ``bread`` scaled to unit diagonal (a zero diagonal, a parameter
-    the data never see, stays zero): (scaling d, eigenvalues, eigenvectors, condition number);
-    B = diag(1/d) · V Λ Vᵀ · diag(1/d)."""
-    diagonal = np.diag(bread).copy()
-    d = np.where(diagonal > 0, 1.0 / np.sqrt(np.where(diagonal > 0, diagonal, 1.0)), 1.0)
-    scaled = d[:, None] * bread * d[None, :]
-    values, vectors = np.linalg.eigh(0.5 * (scaled + scaled.T))
-    low, top = float(values.min()), float(values.max())
-    return d, values, vectors, top / low if low > 0 else math.inf
-
-
-def pseudo_inverse(bread: np.ndarray, rcond: float,
-                   ) -> tuple[np.ndarray, list[np.ndarray], float, np.ndarray]:
-    """(B⁺, near-singular directions as unit vectors, condition number, the relative
-    eigenvalue of each direction); B⁺ leaves out the directions with a relative eigenvalue
-    below ``rcond``."""
-    d, values, vectors, condition = near_singular(bread)
-    top = max(float(values.max()), 0.0)
-    keep = values > rcond * top if top > 0 else np.zeros_like(values, bool)
-    inverse_scaled = (vectors[:, keep] / values[keep]) @ vectors[:, keep].T
-    directions = [vectors[:, i] for i in np.flatnonzero(~keep)]
-    ratios = values[~keep] / top if top > 0 else np.zeros(int((~keep).sum()))
-    return d[:, None] * inverse_scaled * d[None, :], directions, condition, ratios
-
-
-def default_rcond(dtype: Any) -> float:
-    """Relative eigenvalue below which a direction counts as undetermined: 1e-10, or more where
-    the curvature's own rounding (float32) is larger."""
-    return max(1e-10, 1e3 * float(jnp.finfo(dtype).eps))
-
-
 def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quantile: float,
-                        undetermined: Sequence[str], step: np.ndarray | None = None,
+                        undetermined: Mapping[str, str], step: np.ndarray | None = None,
                         ) -> dict[str, dict[str, Any]]:
     """Per fitted scalar, in physical units: value, std error (delta method), the interval
     mapped from θ-space, the relative std error, the Gauss–Newton ``step`` (θ-space) to the
-    optimum in std errors and a flag."""
+    optimum in std errors and a flag (``undetermined``: name → the flag of a parameter
+    without an interval)."""
     flat, unravel = ravel_pytree(theta["params"])
     index = unravel(jnp.arange(flat.shape[0]))
     out = {}
@@ -377,7 +351,7 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
                                "ci95_high": None, "rel_std_error": None, "to_optimum": None,
                                "flag": ""}
         if name in undetermined:
-            row["flag"] = NOT_DETERMINED
+            row["flag"] = undetermined[name]
             out[name] = row
             continue
         sigma_z = math.sqrt(max(float(cov[int(index[name]), int(index[name])]), 0.0))
@@ -407,8 +381,8 @@ def mapped(spec: Any, z: float, half_width: float = 0.0) -> tuple[float, float, 
 
 def data_rms(batch: Batch) -> float:
     """Root mean square of the observed values (every observed field, missing points out)."""
-    total = sum(float(jnp.sum(w * v**2)) for v, w in
-                zip(batch.observed.values.values(), batch.observed.weights.values(), strict=True))
+    observed = batch.observed
+    total = sum(float(jnp.sum(observed.weights[f] * v**2)) for f, v in observed.values.items())
     count = sum(float(jnp.sum(w)) for w in batch.observed.weights.values())
     return math.sqrt(total / count) if count else 0.0
 
@@ -468,27 +442,25 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch,
     # The Gauss–Newton step to the optimum: an unconverged fit is that far from the centre.
     step = -0.5 * inverse @ parts.gradient
     roundoff = source == "residual" and at_roundoff(math.sqrt(sigma2), batch)
-    names = [None] * p
-    for name, i in unravel(jnp.arange(p)).items():
-        names[int(i)] = name
+    names = {int(i): name for name, i in unravel(jnp.arange(p)).items()}  # position → name
     named = [{"relative_eigenvalue": float(r),
               "parameters": {names[j]: float(v[j]) for j in np.flatnonzero(v**2 >= SHARE)}}
              for v, r in zip(directions, ratios, strict=True)]
-    undetermined = sorted({n for d in named for n in d["parameters"]})
-    intervals = parameter_intervals(problem, theta, cov, quantile, undetermined,
+    flags, note = unresolved_flags(named, [names[i] for i in parts.unresolved])
+    intervals = parameter_intervals(problem, theta, cov, quantile, flags,
                                     None if roundoff else step)
+    note = ROUNDOFF_NOTE if roundoff else note
     return {
         "available": True, "level": LEVEL, "sigma": math.sqrt(sigma2), "sigma_source": source,
         "sigma_per_field": _levels(problem, sigma, sigma2),
-        "residual_at_roundoff": roundoff, "note": ROUNDOFF_NOTE if roundoff else None,
+        "residual_at_roundoff": roundoff, "note": note,
         "n_values": n_values, "n_parameters": p, "dof": dof, "rss": parts.rss,
         "quantile": quantile, "condition_number": condition if math.isfinite(condition)
         else None, "rcond": rcond, "near_singular_directions": named,
         "flagged": [n for n, r in intervals.items() if r["flag"]],
         "parameters": intervals,
         "covers": "fitted shared scalar parameters only (fitted initial fields are "
-                  "marginalised over; array and "
-                  "per-experiment parameters are not covered)",
+                  "marginalised over; array and per-experiment parameters are not covered)",
         "copied_initial_values": copied_values(problem, theta, batch),
         "initial_state_noise": parts.initial_noise,
     }
