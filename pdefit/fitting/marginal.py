@@ -77,7 +77,8 @@ def marginal_parts(problem: FitProblem, theta: Any, batch: Batch,
                                                        batch_size)
     schur = 0.5 * (block - columns)
     schur = 0.5 * (schur + schur.T)
-    lost = np.flatnonzero(np.diag(schur) < RESOLVED * 0.5 * np.diag(block))
+    held = 0.5 * np.diag(block)  # a parameter the data never see (0) is not determined, not lost
+    lost = np.flatnonzero((held > 0) & (np.diag(schur) < RESOLVED * held))
     return schur, np.asarray(reduced_gradient, np.float64), tuple(int(i) for i in lost)
 
 
