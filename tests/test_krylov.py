@@ -190,6 +190,18 @@ def test_field_solves_batched_under_vmap_equal_solves_one_at_a_time():
                                                   rel=1e-9)
 
 
+def test_a_marginal_curvature_is_lost_only_where_its_solve_stopped_at_its_cap(monkeypatch):
+    """With the threshold raised to the whole held-fields curvature (every S_ii is below it),
+    a parameter is reported lost where its field solve stopped at its cap (1 iteration) and
+    not where the solves converged: a small S_ii from a converged solve is measured."""
+    problem, batch, theta = _fields_problem()
+    problem = dataclasses.replace(problem, regularization=Regularization(field_background=0.02))
+    monkeypatch.setattr(marginal, "RESOLVED", 1.0)
+    assert marginal.marginal_parts(problem, theta, batch, iterations=500)[2] == ()
+    k = ravel_pytree(theta["params"])[0].shape[0]
+    assert marginal.marginal_parts(problem, theta, batch, iterations=1)[2] == tuple(range(k))
+
+
 def test_python_api_fits_hidden_fields_with_levenberg_marquardt():
     """``pdefit.build_problem`` on u frames in memory (noisy, v never recorded) with u(0) and
     v(0) fitted, and ``pdefit.fit(optimizer="levenberg_marquardt")``: the matrix-free path,

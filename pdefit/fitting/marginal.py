@@ -35,9 +35,9 @@ from pdefit.fitting.problem import Batch, FitProblem
 # Conjugate-gradient iterations per field-block solve, and their relative tolerance.
 ITERATIONS = 60
 RTOL = 1e-4
-# The solves give B_px B_xx⁻¹ B_xp to about RTOL of B_pp, so a marginal curvature S_ii below
-# RESOLVED × (B_pp)_ii is lost in their error, not measured (a BOCF 64² fit of all four fields:
-# 1e-6–1e-4, every solve at its cap, and S indefinite).
+# A solve stopped at its cap leaves B_px B_xx⁻¹ B_xp short by an unknown amount, so where its
+# marginal curvature S_ii is below RESOLVED × (B_pp)_ii it is lost in that error, not measured
+# (a BOCF 64² fit of all four fields: |S_ii| 1e-7–2e-5 of (B_pp)_ii, three of ten negative).
 RESOLVED = 1e-3
 # Solves batched together each hold the model's tangent at every observed frame (as much
 # memory as the data); a batch holds at most this many bytes of them.
@@ -70,23 +70,25 @@ def marginal_parts(problem: FitProblem, theta: Any, batch: Batch,
                    iterations: int = ITERATIONS, batch_size: int | None = None,
                    ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
     """(S, the reduced gradient of the loss, the positions whose S_ii the solves do not
-    resolve: below :data:`RESOLVED` of B_pp's) at ``theta``, over ``theta["params"]``
-    flattened in ``ravel_pytree`` order (see the module docstring); ``batch_size``: see
-    :func:`batched`."""
-    columns, reduced_gradient, block = _solved_columns(problem, theta, batch, iterations,
-                                                       batch_size)
+    resolve: their solve stopped at its cap with S_ii below :data:`RESOLVED` of B_pp's) at
+    ``theta``, over ``theta["params"]`` flattened in ``ravel_pytree`` order (see the module
+    docstring); ``batch_size``: see :func:`batched`."""
+    columns, reduced_gradient, block, steps = _solved_columns(problem, theta, batch,
+                                                              iterations, batch_size)
     schur = 0.5 * (block - columns)
     schur = 0.5 * (schur + schur.T)
     held = 0.5 * np.diag(block)  # a parameter the data never see (0) is not determined, not lost
-    lost = np.flatnonzero((held > 0) & (np.diag(schur) < RESOLVED * held))
+    lost = np.flatnonzero((held > 0) & (np.diag(schur) < RESOLVED * held)
+                          & (steps >= iterations))
     return schur, np.asarray(reduced_gradient, np.float64), tuple(int(i) for i in lost)
 
 
 def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: int,
-                    batch_size: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(G_px G_xx⁻¹ G_xp, g_p − G_px G_xx⁻¹ g_x, G_pp) for G = 2B, the full Gauss–Newton
-    matrix of the loss; the k + 1 field solves run ``batch_size`` at a time
-    (:func:`batched`)."""
+                    batch_size: int | None = None,
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(G_px G_xx⁻¹ G_xp, g_p − G_px G_xx⁻¹ g_x, G_pp, the iterations of each column's solve)
+    for G = 2B, the full Gauss–Newton matrix of the loss; the k + 1 field solves run
+    ``batch_size`` at a time (:func:`batched`)."""
     flat, unravel = ravel_pytree(theta["params"])
     k = flat.shape[0]
     zero = jax.tree.map(jnp.zeros_like, theta)
@@ -99,18 +101,20 @@ def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: i
         response = product({**zero, "params": unravel(unit)})
         return ravel_pytree(response["params"])[0], response["fields"]
 
-    def coupled(rhs):  # G_px G_xx⁻¹ rhs
-        solved = field_solve(fields_only, rhs, scale, iterations)
-        return ravel_pytree(product({**zero, "fields": solved})["params"])[0]
+    def coupled(rhs):  # G_px G_xx⁻¹ rhs, and the solve's iterations
+        solution = field_solution(fields_only, rhs, scale, iterations)
+        return (ravel_pytree(product({**zero, "fields": solution.value})["params"])[0],
+                solution.stats["num_steps"])
 
     gradient = jax.jit(jax.grad(problem.loss))(theta, batch)
     block, field_rows = batched(column, jnp.eye(k, dtype=flat.dtype), batch_size, batch)
     # The gradient's field part is one more right-hand side of the same solves.
     rhs = jax.tree.map(lambda c, g: jnp.concatenate([c, g[None]]), field_rows,
                        gradient["fields"])
-    solved = np.asarray(batched(coupled, rhs, batch_size, batch), np.float64)
+    solved, steps = batched(coupled, rhs, batch_size, batch)
+    solved = np.asarray(solved, np.float64)
     reduced = np.asarray(ravel_pytree(gradient["params"])[0]) - solved[k]
-    return solved[:k].T, reduced, np.asarray(block, np.float64).T
+    return solved[:k].T, reduced, np.asarray(block, np.float64).T, np.asarray(steps[:k])
 
 
 def batched(function: Any, stacked: Any, batch_size: int | None, batch: Batch) -> Any:
@@ -141,13 +145,9 @@ def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | 
     return fields_only, krylov.MatrixFree(problem).diagonal(theta, batch, key)["fields"]
 
 
-def field_solve(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> Any:
-    """G_xx⁻¹ rhs by preconditioned conjugate gradients (the fit's field scaling)."""
-    return field_solution(fields_only, rhs, scale, iterations).value
-
-
 def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> lx.Solution:
-    """lineax's solution of :func:`field_solve` (``stats["num_steps"]``: the iterations)."""
+    """G_xx⁻¹ rhs by preconditioned conjugate gradients (the fit's field scaling): lineax's
+    solution (``.value``; ``stats["num_steps"]``: the iterations)."""
     structure = jax.eval_shape(lambda: rhs)
     tags = lx.positive_semidefinite_tag
     operator = lx.FunctionLinearOperator(fields_only, structure, tags=tags)

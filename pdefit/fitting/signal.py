@@ -18,7 +18,7 @@ for k fitted scalars: the residual verdict's degrees of freedom subtract it (wit
 fit whose hidden field absorbs noise sits below the noise; the RB rows of docs/benchmarks.md).
 
 A is never formed. Since A = I − G_xx⁻¹ P_xx, A z takes the priors' Hessian product P_xx z
-and one conjugate-gradient solve on the field block (:func:`pdefit.fitting.marginal.field_solve`
+and one conjugate-gradient solve on the field block (:func:`pdefit.fitting.marginal.field_solution`
 with the products of :func:`pdefit.fitting.krylov.gauss_newton_product`), and tr A over each
 field comes from Hutchinson's estimator Σ_cells z ⊙ A z over ``probes`` random ±1 vectors z,
 with its standard error from their spread. Where the fields hold no more values than
