@@ -44,15 +44,15 @@ from pdefit.fitting import assemble
 from pdefit.options import FitConfig
 
 
-def misfit_at_truth(base: list[str], dataset: Path, integrator: str, per_frame: int,
-                    frame_interval: float, where: Path) -> float:
-    """The data misfit (mean over observed values) of the truth stepped by ``integrator`` at
-    ``frame_interval / per_frame``; the whole window as one stage."""
+def misfit_at_truth(base: list[str], dataset: Path, truth: Path, integrator: str,
+                    per_frame: int, frame_interval: float) -> float:
+    """The data misfit (mean over observed values) of the truth (``truth``: its
+    ``fitted.npz``) stepped by ``integrator`` at ``frame_interval / per_frame``; the whole
+    window as one stage."""
     stepping = [f"data.path={dataset}", "fit.stages=null", "fit.hold={}",
-                f"system.dt={frame_interval / per_frame!r}", f"system.integrator={integrator}"]
-    cfg = config([*base, *stepping])
-    start = truth_start(cfg, dataset, where)
-    options = to_options(config([*base, *stepping, f"fit.start_from={start}"]), FitConfig)
+                f"system.dt={frame_interval / per_frame!r}", f"system.integrator={integrator}",
+                f"fit.start_from={truth}"]
+    options = to_options(config([*base, *stepping]), FitConfig)
     setup = assemble.build_fit(options, dataset, assemble.set_precision(options.precision))
     return float(jax.jit(setup.problem.data_loss)(setup.theta0, setup.batch))
 
@@ -76,6 +76,9 @@ def main() -> None:
     dataset = simulate(base, args.sigma, args.runs / args.experiment)
     meta = zd.open_dataset(dataset).meta
     frame_interval = meta.dt * meta.steps_per_frame
+    # The truth does not depend on the fit's stepping: one file for every row.
+    truth = truth_start(config([*base, f"data.path={dataset}"]), dataset,
+                        args.runs / args.experiment / "truth")
     rows = []
     print(f"{args.experiment} {args.grid}², σ = {args.sigma:g}, data at dt = {meta.dt:.4g} "
           f"({meta.steps_per_frame} steps per frame of {frame_interval:g})")
@@ -84,8 +87,8 @@ def main() -> None:
     for stepping in args.steppings:
         integrator, per_frame = stepping.split(":")
         started = time.perf_counter()
-        misfit = misfit_at_truth(base, dataset, integrator, int(per_frame), frame_interval,
-                                 args.runs / args.experiment / "truth")
+        misfit = misfit_at_truth(base, dataset, truth, integrator, int(per_frame),
+                                 frame_interval)
         seconds = time.perf_counter() - started
         ratio = misfit / args.sigma**2 if args.sigma else None
         rows.append({"integrator": integrator, "steps_per_frame": int(per_frame),
