@@ -3,9 +3,14 @@ tests that want float32 say so explicitly, and whatever a test does to the preci
 undone after it."""
 
 import os
+import tempfile
 
 # Eight virtual CPU devices for the multi-device tests; set before JAX starts its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+# The commands the tests start keep their compiled programs in a cache of the test session's
+# own (pdefit.runtime.compile_cache), never in the user's ~/.cache.
+os.environ.setdefault("PDEFIT_COMPILATION_CACHE",
+                      tempfile.mkdtemp(prefix="pdefit-test-compile-cache-"))
 
 import jax
 import pytest

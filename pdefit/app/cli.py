@@ -56,6 +56,7 @@ from pdefit.fitting.ranking import format_ranking, rank_parameters, write_rankin
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, TrainState, run_fit
 from pdefit.options import FitConfig, SimulateMainConfig
 from pdefit.runtime.checkpoint import CHECKPOINT_DIR, CheckpointOptions, write_text_atomic
+from pdefit.runtime.compile_cache import use_compilation_cache
 from pdefit.runtime.lock import DirectoryLock
 from pdefit.runtime.progress import ProgressOptions
 from pdefit.runtime.signals import FIT_SIGNALS, PreemptionFlag, signal_name
@@ -111,6 +112,7 @@ def simulate_main(cfg: DictConfig) -> None:
     Example:
       pdefit-simulate simulate.output=ap.zarr simulate.n_experiments=4
       pdefit-fit data=zarr data.path=ap.zarr"""
+    use_compilation_cache()
     options = to_options(cfg, SimulateMainConfig)
     validate_simulate(options)  # before anything is simulated or written
     simulate(options)
@@ -399,6 +401,7 @@ def fit_main(cfg: DictConfig) -> None:
     # shutdown must not turn a decided exit status into a death by signal. In a multirun the
     # process goes on (to the next point, or back to the sweep): the handlers from before are
     # given back instead.
+    use_compilation_cache()
     flag = PreemptionFlag(FIT_SIGNALS).__enter__()
     try:
         fit(to_options(cfg), flag)
@@ -463,6 +466,7 @@ def gradcheck_main(cfg: DictConfig) -> None:
 
     Example:
       pdefit-gradcheck precision=float64 adjoint=revolve"""
+    use_compilation_cache()
     gradcheck(to_options(cfg))
 
 
@@ -512,4 +516,5 @@ def rank_main(cfg: DictConfig) -> None:
 
     Example:
       pdefit-rank experiment=bocf_recovery"""
+    use_compilation_cache()
     rank(to_options(cfg))

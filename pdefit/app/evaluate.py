@@ -19,6 +19,7 @@ from pdefit.analysis.truth import EvaluationError, check_compared_run, check_eva
 from pdefit.app.config import schema, to_options
 from pdefit.app.errors import one_line_errors
 from pdefit.options import ConfigError, EvaluateConfig, FitConfig
+from pdefit.runtime.compile_cache import use_compilation_cache
 
 __all__ = ["EVALUATE_HELP", "EvaluationError", "compared_runs", "evaluate_run",
            "format_evaluation", "load_run_config", "main"]
@@ -112,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not args or args[0] in ("-h", "--help"):
         print(EVALUATE_HELP)
         raise SystemExit(0 if args else 2)
+    use_compilation_cache()
     try:
         result = evaluate_run(Path(args[0]), args[1:])
     except (EvaluationError, ConfigError) as err:

@@ -17,6 +17,7 @@ from pdefit.analysis.lyapunov import estimate, format_estimate
 from pdefit.app.config import CONF_DIR, register_configs, to_options
 from pdefit.app.errors import one_line_errors, task_errors
 from pdefit.app.rundir import open_run_record, output_dir, register_resolvers
+from pdefit.runtime.compile_cache import use_compilation_cache
 
 register_configs()
 register_resolvers()
@@ -34,6 +35,7 @@ def lyapunov_main(cfg: DictConfig) -> None:
 
     Example:
       pdefit-lyapunov experiment=rb_temperature_from_velocity"""
+    use_compilation_cache()
     options = to_options(cfg)
     result = estimate(options)
     out = output_dir(options)
