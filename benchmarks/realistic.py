@@ -53,7 +53,9 @@ BOCF's S1–S2 spiral needs the default 64² or more: on 16² and 32² the tissu
 before the data start and the dataset is refused (every seed of that σ records the error).
 
 Extra Hydra overrides go after ``--`` (``run.resume=false`` is the default: a rerun fits
-afresh instead of returning an old run's summary). Writes
+afresh instead of returning an old run's summary); ``--fit-only`` overrides change the fits
+but not the dataset, e.g. the fit's model smoothed while the data stay the sharp model's
+(``--fit-only system.options.heaviside_width=0.01 --forecast 0``). Writes
 ``benchmarks/results/realistic_<experiment>.json`` (``--output``), one record per fit as soon
 as it finishes, and the table as Markdown next to it (``.md``); run directories under
 ``--runs`` (``sigma-<σ>/data.zarr`` and ``sigma-<σ>/seed-<seed>/``).
@@ -419,6 +421,11 @@ def arguments() -> argparse.Namespace:
                              "truth: every fitted value at the truth (the dataset's parameters "
                              "and its first frame without noise), a diagnostic: does the fit "
                              "stay there?")
+    parser.add_argument("--fit-only", nargs="+", default=[], metavar="OVERRIDE",
+                        help="Hydra overrides for the fits but not the dataset (e.g. a "
+                             "smoothed model fitted to the sharp model's data); with a "
+                             "changed model use --forecast 0, since the forecast's truth "
+                             "is simulated with the fit's config")
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
     args = parser.parse_args()
     args.runs = args.runs or Path("runs/bench/realistic") / args.experiment
@@ -472,7 +479,7 @@ def main() -> None:
     horizon = args.forecast if args.forecast is not None else cfg.evaluate.horizon
     fields, hidden = fitted_fields(cfg)
     result = {"experiment": args.experiment, "grid": args.grid, "overrides": args.overrides,
-              "start": args.start,
+              "fit_only": args.fit_only, "start": args.start,
               "forecast_horizon_ms": horizon, "fitted_fields": fields, "hidden_fields": hidden,
               "host": platform.node(), "cpus": os.cpu_count(), "records": []}
     args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -487,7 +494,7 @@ def main() -> None:
                  if dataset and args.start == "truth" else [])
         for seed in args.seeds:
             record = {"sigma": sigma, **(
-                one_fit([*base, *noise_overrides(sigma), *start], dataset, seed,
+                one_fit([*base, *noise_overrides(sigma), *start, *args.fit_only], dataset, seed,
                         runs / f"seed-{seed}",
                         horizon) if dataset else
                 {**failed, "seed": seed, "wall_s": 0.0, "cpu_s": 0.0, "run_dir": None})}

@@ -1,0 +1,151 @@
+"""Which unknowns a long window's Levenberg–Marquardt steps can move: parameters, fields, both.
+
+What it measures
+----------------
+From a fitted state — a run directory's ``fitted.npz``, or one stage's Orbax checkpoint
+(``<run>/stage-<i>/checkpoints/<step>``: that stage's best θ) — on the first ``--frames``
+frames of the experiment's dataset (``--data``, made by ``benchmarks/realistic.py``):
+
+* ``--mode alternate``: ``--rounds`` times, ``--param-steps`` steps of the dense
+  Levenberg–Marquardt on the parameters alone with the fitted initial fields held
+  (``pdefit.fitting.gauss_newton.curvature_function``: the parameters' block), then
+  ``--field-steps`` steps of the matrix-free one on the fields with the parameters held;
+* ``--mode joint``: ``--rounds`` × ``--field-steps`` steps of the matrix-free
+  Levenberg–Marquardt over both, as the experiment's stages take them (its
+  ``optim.krylov_iterations`` conjugate-gradient iterations per step, override after ``--``).
+
+After each part: the loss on the window and every parameter's error against the dataset's
+truth. A diagnostic of the voltage-only BOCF fits (docs/benchmarks.md, "Why the long windows
+do not move the parameters"): it separates "the step cannot be resolved" from "the data do not
+pull the parameters to the truth while the hidden fields are wrong".
+
+How to run
+----------
+    R=runs/bench/realistic/bocf_from_voltage/sigma-0.02      # realistic.py's runs
+    python benchmarks/block_steps.py --start $R/seed-0 --data $R/data.zarr --rounds 2
+    python benchmarks/block_steps.py --start <run>/stage-3/checkpoints/29 --data <data.zarr> \\
+        --frames 21 --mode joint --rounds 3 --field-steps 4 -- optim.krylov_iterations=100
+
+Extra Hydra overrides after ``--`` go to the fit (e.g. ``system.options.heaviside_width=0.01``:
+the smoothed model on the same data). Appends one JSON record per run to
+``benchmarks/results/block_steps.jsonl`` (``--output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+# The sibling benchmark's config and noise overrides (this directory is on the path).
+from bocf_robustness import config, noise_overrides
+
+from pdefit import data as zd
+from pdefit.app.config import to_options
+from pdefit.fitting import assemble, krylov
+from pdefit.fitting import gauss_newton as gn
+from pdefit.fitting.train import run_fit
+from pdefit.options import FitConfig
+
+
+def arguments() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--experiment", default="bocf_from_voltage")
+    parser.add_argument("--grid", type=int, default=64)
+    parser.add_argument("--sigma", type=float, default=0.02)
+    parser.add_argument("--start", type=Path, required=True,
+                        help="a run directory (fitted.npz) or a stage's checkpoint step")
+    parser.add_argument("--data", type=Path, required=True, help="the dataset (Zarr)")
+    parser.add_argument("--frames", type=int, default=None, help="window (default: all)")
+    parser.add_argument("--mode", choices=("alternate", "joint"), default="alternate")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--param-steps", type=int, default=8)
+    parser.add_argument("--field-steps", type=int, default=3)
+    parser.add_argument("--output", type=Path,
+                        default=Path("benchmarks/results/block_steps.jsonl"))
+    parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
+    return parser.parse_args()
+
+
+def is_checkpoint(start: Path) -> bool:
+    return (start / "state").is_dir()
+
+
+def setup_for(args: argparse.Namespace) -> Any:
+    """The fit of one window from ``args.start`` (its parameters and fields)."""
+    n = zd.open_dataset(args.data).meta.n_frames if args.frames is None else args.frames
+    overrides = [f"experiment={args.experiment}", f"system.grid.shape=[{args.grid},{args.grid}]",
+                 *noise_overrides(args.sigma), f"data.path={args.data}", "fit.stages=null",
+                 "fit.hold={}", f"data.frames=[{','.join(map(str, range(n)))}]",
+                 *([] if is_checkpoint(args.start) else [f"fit.start_from={args.start}"]),
+                 *args.overrides]
+    cfg = to_options(config(overrides), FitConfig)
+    setup = assemble.build_fit(cfg, args.data, assemble.set_precision(cfg.precision))
+    theta = setup.theta0
+    if is_checkpoint(args.start):
+        import orbax.checkpoint as ocp
+
+        saved = ocp.StandardCheckpointer().restore(args.start.absolute() / "state")
+        theta = jax.tree.map(lambda a, b: jnp.asarray(b, a.dtype).reshape(a.shape), theta,
+                             saved["best_theta"])
+    return cfg, setup, theta
+
+
+def errors(problem: Any, theta: Any, truth: dict[str, float]) -> dict[str, float]:
+    values = problem.physical_params(theta)
+    return {name: float(values[name]) / truth[name] - 1.0 for name in problem.layout.fitted}
+
+
+def main() -> None:
+    args = arguments()
+    cfg, setup, theta = setup_for(args)
+    problem, batch = setup.problem, setup.batch
+    truth = {k: float(v) for k, v in zd.open_dataset(args.data).meta.true_params.items()}
+    dense, matrix_free = gn.curvature_function(problem), krylov.MatrixFree(problem)
+    names = list(theta["params"])
+    started, rows = time.perf_counter(), []
+
+    def record(part: str, theta: Any) -> None:
+        err = errors(problem, theta, truth)
+        size = np.abs(list(err.values()))
+        row = {"part": part, "loss": float(problem.loss(theta, batch)),
+               "mean_error": float(size.mean()), "median_error": float(np.median(size)),
+               "errors": err, "wall_s": time.perf_counter() - started}
+        rows.append(row)
+        print(f"{part:>16}: loss {row['loss']:.4e}, mean {100 * row['mean_error']:.2f} %, "
+              f"median {100 * row['median_error']:.2f} %, {row['wall_s']:.0f} s | "
+              + " ".join(f"{k} {100 * v:+.1f}" for k, v in err.items()), flush=True)
+
+    def steps(theta: Any, count: int, curvature: Any, hold: list[str]) -> Any:
+        state, _ = run_fit(problem.loss, theta, batch,
+                           dataclasses.replace(cfg.optim, steps=count), curvature=curvature,
+                           hold=hold, progress=False, log=lambda _: None,
+                           layout=problem.layout)
+        return state.theta
+
+    record("start", theta)
+    for r in range(args.rounds):
+        if args.mode == "joint":
+            theta = steps(theta, args.field_steps, matrix_free, [])
+            record(f"{r}: joint", theta)
+            continue
+        theta = steps(theta, args.param_steps, dense, [])
+        record(f"{r}: parameters", theta)
+        theta = steps(theta, args.field_steps, matrix_free, names)
+        record(f"{r}: fields", theta)
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    with args.output.open("a") as out:
+        out.write(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                              "krylov_iterations": cfg.optim.krylov_iterations,
+                              "rows": rows}) + "\n")
+
+
+if __name__ == "__main__":
+    main()
