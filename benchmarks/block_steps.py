@@ -8,8 +8,10 @@ frames of the experiment's dataset (``--data``, made by ``benchmarks/realistic.p
 
 * ``--mode alternate``: ``--rounds`` times, ``--param-steps`` steps of the dense
   Levenberg–Marquardt on the parameters alone with the fitted initial fields held
-  (``pdefit.fitting.gauss_newton.curvature_function``: the parameters' block), then
-  ``--field-steps`` steps of the matrix-free one on the fields with the parameters held;
+  (``pdefit.fitting.gauss_newton.curvature_function``: the parameters' block; 0: none), then
+  ``--field-steps`` steps of the matrix-free one on the fields with the parameters held
+  (``--parameters-at-truth``: held at the truth, how low the fields alone take the loss
+  there);
 * ``--mode joint``: ``--rounds`` × ``--field-steps`` steps of the matrix-free
   Levenberg–Marquardt over both, as the experiment's stages take them (its
   ``optim.krylov_iterations`` conjugate-gradient iterations per step, override after ``--``).
@@ -68,6 +70,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--param-steps", type=int, default=8)
     parser.add_argument("--field-steps", type=int, default=3)
+    parser.add_argument("--parameters-at-truth", action="store_true",
+                        help="replace the start's parameters by the dataset's true ones "
+                             "(the fields stay the start's)")
     parser.add_argument("--output", type=Path,
                         default=Path("benchmarks/results/block_steps.jsonl"))
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
@@ -98,6 +103,14 @@ def setup_for(args: argparse.Namespace) -> Any:
     return cfg, setup, theta
 
 
+def at_truth(problem: Any, theta: Any, truth: dict[str, float]) -> Any:
+    """``theta`` with its fitted parameters at ``truth`` (unconstrained)."""
+    specs = problem.layout.specs
+    return {**theta, "params": {name: jnp.asarray(specs[name].to_unconstrained(truth[name]),
+                                                  value.dtype).reshape(value.shape)
+                                for name, value in theta["params"].items()}}
+
+
 def errors(problem: Any, theta: Any, truth: dict[str, float]) -> dict[str, float]:
     values = problem.physical_params(theta)
     return {name: float(values[name]) / truth[name] - 1.0 for name in problem.layout.fitted}
@@ -110,6 +123,8 @@ def main() -> None:
     truth = {k: float(v) for k, v in zd.open_dataset(args.data).meta.true_params.items()}
     dense, matrix_free = gn.curvature_function(problem), krylov.MatrixFree(problem)
     names = list(theta["params"])
+    if args.parameters_at_truth:
+        theta = at_truth(problem, theta, truth)
     started, rows = time.perf_counter(), []
 
     def record(part: str, theta: Any) -> None:
@@ -136,8 +151,9 @@ def main() -> None:
             theta = steps(theta, args.field_steps, matrix_free, [])
             record(f"{r}: joint", theta)
             continue
-        theta = steps(theta, args.param_steps, dense, [])
-        record(f"{r}: parameters", theta)
+        if args.param_steps:
+            theta = steps(theta, args.param_steps, dense, [])
+            record(f"{r}: parameters", theta)
         theta = steps(theta, args.field_steps, matrix_free, names)
         record(f"{r}: fields", theta)
     args.output.parent.mkdir(parents=True, exist_ok=True)

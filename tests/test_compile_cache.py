@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pdefit.runtime.compile_cache import cache_directory
+from pdefit.runtime.compile_cache import cache_directory, use_compilation_cache
 
 BIN = Path(sys.executable).parent
 TINY = ["system.grid.shape=[16,16]", "+system.options.initial=blobs", "simulate.n_frames=4",
@@ -60,3 +60,11 @@ def test_a_command_fills_the_cache_and_a_repeat_compiles_nothing_new(tmp_path):
     # By default: the user's cache directory.
     _simulate(tmp_path, "four.zarr")
     assert any((tmp_path / "home" / ".cache" / "pdefit" / "jax").iterdir())
+
+
+def test_an_unwritable_cache_directory_leaves_the_cache_off_with_a_warning(tmp_path, caplog):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with caplog.at_level("WARNING", logger="pdefit"):
+        assert use_compilation_cache({"PDEFIT_COMPILATION_CACHE": str(blocker / "jax")}) is None
+    assert "PDEFIT_COMPILATION_CACHE" in caplog.text

@@ -16,6 +16,7 @@ The Python API leaves JAX's configuration to the program that imports pdefit.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,7 +50,10 @@ def use_compilation_cache(environ: Mapping[str, str] | None = None) -> Path | No
         return None
     try:
         directory.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    except OSError as err:
+        logging.getLogger("pdefit").warning(
+            f"no compilation cache ({err}); set {CACHE_VARIABLE} to a writable directory, "
+            "or to off")
         return None
     jax.config.update("jax_compilation_cache_dir", str(directory))
     return directory
