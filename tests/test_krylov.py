@@ -284,3 +284,26 @@ def test_a_known_initial_field_copied_from_the_noisy_frame_is_left_out_of_n():
                                  log=lambda _: None)
     assert block["residual"]["copied_initial_values"] == 64
     assert block["residual"]["n_values"] == 9 * 64 - 64
+
+
+def test_a_held_entry_does_not_end_the_solve():
+    """A held parameter has a zero gradient entry and a zero row and column of the masked
+    product (so its residual stays exactly zero); the solve must still run to the
+    Levenberg–Marquardt step over the free entries, not stop after one iteration
+    (lineax's entrywise test with atol = 0 was 0/0 there)."""
+    rng = np.random.default_rng(0)
+    basis = rng.normal(size=(6, 6))
+    free = np.array([0, 1, 1, 0, 1, 1], float)
+    matrix = free[:, None] * (basis @ basis.T + 0.1 * np.eye(6)) * free[None, :]
+    gradient = rng.normal(size=6) * free
+    diagonal = np.where(free > 0, np.diag(matrix), 1.0)
+    damping = 0.01
+    delta, iterations = krylov.damped_solve(
+        lambda v: {"x": jnp.asarray(matrix) @ v["x"]}, {"x": jnp.asarray(gradient)},
+        {"x": jnp.asarray(diagonal)}, jnp.asarray(damping), 50, 1e-10)
+    assert int(iterations) > 1
+    kept = free > 0
+    dense = np.zeros(6)
+    dense[kept] = np.linalg.solve(matrix[np.ix_(kept, kept)]
+                                  + damping * np.diag(diagonal[kept]), -gradient[kept])
+    np.testing.assert_allclose(np.asarray(delta["x"]), dense, rtol=1e-8, atol=1e-14)

@@ -173,8 +173,14 @@ def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
     operator = lx.FunctionLinearOperator(damped, structure, tags=tags)
     preconditioner = lx.FunctionLinearOperator(preconditioned, structure, tags=tags)
     rhs = jax.tree.map(jnp.negative, gradient)
+    # lineax stops when every entry of the residual is within atol + rtol·|g| of zero. An
+    # entry of g that is exactly zero (a held parameter, a cell the loss does not see) made
+    # that test 0/0 with atol = 0 and ended every solve after one iteration (a scaled
+    # gradient step: measured on every stage with a held parameter); the smallest normal
+    # number keeps those entries out of the test and changes nothing else.
+    atol = float(jnp.finfo(jnp.result_type(*jax.tree.leaves(rhs))).tiny)
     solution = lx.linear_solve(
-        operator, rhs, lx.CG(rtol=rtol, atol=0.0, max_steps=iterations),
+        operator, rhs, lx.CG(rtol=rtol, atol=atol, max_steps=iterations),
         options={"preconditioner": preconditioner}, throw=False)
     # An iterate that stopped at the step cap is still a descent direction (truncated CG).
     return (jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), solution.value),
