@@ -2,15 +2,19 @@
 tests that want float32 say so explicitly, and whatever a test does to the precision switch is
 undone after it."""
 
+import atexit
 import os
+import shutil
 import tempfile
 
 # Eight virtual CPU devices for the multi-device tests; set before JAX starts its backend.
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 # The commands the tests start keep their compiled programs in a cache of the test session's
 # own (pdefit.runtime.compile_cache), never in the user's ~/.cache.
-os.environ.setdefault("PDEFIT_COMPILATION_CACHE",
-                      tempfile.mkdtemp(prefix="pdefit-test-compile-cache-"))
+if "PDEFIT_COMPILATION_CACHE" not in os.environ:
+    os.environ["PDEFIT_COMPILATION_CACHE"] = tempfile.mkdtemp(
+        prefix="pdefit-test-compile-cache-")
+    atexit.register(shutil.rmtree, os.environ["PDEFIT_COMPILATION_CACHE"], ignore_errors=True)
 
 import jax
 import pytest

@@ -161,7 +161,6 @@ def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
                  damping: jax.Array, iterations: int, rtol: float) -> tuple[Any, jax.Array]:
     """(δ ≈ −(G + λD)⁻¹ g, the iterations taken) by at most ``iterations`` steps of conjugate
     gradients preconditioned by ((1 + λ)D)⁻¹ (``product``: v ↦ G·v; D: ``diagonal``)."""
-    structure = jax.eval_shape(lambda: gradient)
 
     def damped(v):
         return jax.tree.map(lambda gv, d, x: gv + damping * d * x, product(v), diagonal, v)
@@ -169,19 +168,29 @@ def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
     def preconditioned(v):
         return jax.tree.map(lambda d, x: x / ((1.0 + damping) * d), diagonal, v)
 
-    tags = lx.positive_semidefinite_tag
-    operator = lx.FunctionLinearOperator(damped, structure, tags=tags)
-    preconditioner = lx.FunctionLinearOperator(preconditioned, structure, tags=tags)
-    rhs = jax.tree.map(jnp.negative, gradient)
-    # lineax stops when every entry of the residual is within atol + rtol·|g| of zero. An
-    # entry of g that is exactly zero (a held parameter, a cell the loss does not see) made
-    # that test 0/0 with atol = 0 and ended every solve after one iteration (a scaled
-    # gradient step: measured on every stage with a held parameter); the smallest normal
-    # number keeps those entries out of the test and changes nothing else.
-    atol = float(jnp.finfo(jnp.result_type(*jax.tree.leaves(rhs))).tiny)
-    solution = lx.linear_solve(
-        operator, rhs, lx.CG(rtol=rtol, atol=atol, max_steps=iterations),
-        options={"preconditioner": preconditioner}, throw=False)
+    solution = conjugate_gradients(damped, preconditioned, jax.tree.map(jnp.negative, gradient),
+                                   iterations, rtol)
     # An iterate that stopped at the step cap is still a descent direction (truncated CG).
     return (jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), solution.value),
             jnp.asarray(solution.stats["num_steps"], jnp.int32))
+
+
+def conjugate_gradients(operator: Callable[[Any], Any], preconditioner: Callable[[Any], Any],
+                        rhs: Any, iterations: int, rtol: float) -> lx.Solution:
+    """A⁻¹ rhs by at most ``iterations`` steps of lineax's preconditioned ``CG`` (``operator``:
+    v ↦ Av, positive semidefinite; ``preconditioner``: v ↦ M⁻¹v); lineax's solution
+    (``.value``; ``stats["num_steps"]``: the iterations), also when it stops at the cap."""
+    structure = jax.eval_shape(lambda: rhs)
+    tags = lx.positive_semidefinite_tag
+    # lineax stops when every entry of the residual is within atol + rtol·|rhs| of zero. An
+    # entry of rhs that stays exactly zero (a held parameter, whose row and column the
+    # masked product zeroes) made that test 0/0 with atol = 0, and NaN passes it: every solve
+    # ended after one iteration (measured on every stage with a held parameter). The
+    # smallest normal number keeps such entries out of the test and changes nothing else.
+    atol = float(jnp.finfo(jnp.result_type(*jax.tree.leaves(rhs))).tiny)
+    return lx.linear_solve(
+        lx.FunctionLinearOperator(operator, structure, tags=tags), rhs,
+        lx.CG(rtol=rtol, atol=atol, max_steps=iterations),
+        options={"preconditioner": lx.FunctionLinearOperator(preconditioner, structure,
+                                                            tags=tags)},
+        throw=False)

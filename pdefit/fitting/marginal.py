@@ -148,10 +148,6 @@ def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | 
 def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> lx.Solution:
     """G_xx⁻¹ rhs by preconditioned conjugate gradients (the fit's field scaling): lineax's
     solution (``.value``; ``stats["num_steps"]``: the iterations)."""
-    structure = jax.eval_shape(lambda: rhs)
-    tags = lx.positive_semidefinite_tag
-    operator = lx.FunctionLinearOperator(fields_only, structure, tags=tags)
-    preconditioner = lx.FunctionLinearOperator(
-        lambda v: jax.tree.map(jnp.divide, v, scale), structure, tags=tags)
-    return lx.linear_solve(operator, rhs, lx.CG(rtol=RTOL, atol=0.0, max_steps=iterations),
-                           options={"preconditioner": preconditioner}, throw=False)
+    return krylov.conjugate_gradients(fields_only,
+                                      lambda v: jax.tree.map(jnp.divide, v, scale), rhs,
+                                      iterations, RTOL)
