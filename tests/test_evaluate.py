@@ -475,7 +475,11 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
     # refused before the dataset is simulated, as is holding every fitted parameter.
     for extra, key in [(["fit.stages=[2,4]", "+fit.hold.k=2"],
                         r"fit\.hold\.k=2: the fit has 2 stage\(s\) on these data"),
-                       (["+fit.hold.k=1", "+fit.hold.a=1"], r"fit\.hold holds every fitted")]:
+                       (["+fit.hold.k=1", "+fit.hold.a=1"], r"fit\.hold holds every fitted"),
+                       # Without stages, every held name in one line with how to drop them.
+                       (["fit.stages=null", "+fit.hold.k=1", "+fit.hold.a=2"],
+                        r"^fit\.hold: holding k, a needs a staged fit \(fit\.stages\);.*"
+                        r"\(fit\.hold\.k=0 fit\.hold\.a=0 drops the hold")]:
         with pytest.raises(ConfigError, match=key):
             fit(config(tmp_path / "early", *overrides[:-1], *extra))
         assert not (tmp_path / "early").exists()

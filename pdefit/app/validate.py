@@ -255,6 +255,13 @@ def _hold(cfg: FitConfig) -> None:
     when the frame count is known without the dataset, else by :func:`pdefit.app.cli.stage_holds`
     once it is open)."""
     fit = cfg.fit
+    held = [str(n) for n, count in dict(fit.hold or {}).items()
+            if isinstance(count, int) and count >= 1 and n in list(fit.params)]
+    if held and not fit.stages:  # all at once: an experiment's hold may name ten parameters
+        drop = " ".join(f"fit.hold.{n}=0" for n in held)
+        raise ConfigError(f"fit.hold: holding {', '.join(held)} needs a staged fit "
+                          f"(fit.stages); without stages they would never be fitted ({drop} "
+                          "drops the hold; Hydra merges fit.hold={} into it, so it cannot)")
     for name, count in dict(fit.hold or {}).items():
         key = f"fit.hold.{name}"
         count = _at_least(key, count, 0)
