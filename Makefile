@@ -2,6 +2,9 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+# Test processes (pytest-xdist, tests handed out as processes free up): on the 2-core host the
+# suite took 16.1 min against 18.0 min with whole files per process and about 22 serially.
+TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
 .PHONY: setup demo test lint bench clean slurm-deps
@@ -21,7 +24,7 @@ demo: setup
 ## test: lint and run the whole test suite (the Slurm tests need slurm-deps, else they skip)
 test: setup slurm-deps
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 ## slurm-deps: Debian's slurm-wlm and munge for tests/test_slurm.py (installed as root only)
 slurm-deps:
