@@ -255,13 +255,7 @@ def _hold(cfg: FitConfig) -> None:
     when the frame count is known without the dataset, else by :func:`pdefit.app.cli.stage_holds`
     once it is open)."""
     fit = cfg.fit
-    held = [str(n) for n, count in dict(fit.hold or {}).items()
-            if isinstance(count, int) and count >= 1 and n in list(fit.params)]
-    if held and not fit.stages:  # all at once: an experiment's hold may name ten parameters
-        drop = " ".join(f"fit.hold.{n}=0" for n in held)
-        raise ConfigError(f"fit.hold: holding {', '.join(held)} needs a staged fit "
-                          f"(fit.stages); without stages they would never be fitted ({drop} "
-                          "drops the hold; Hydra merges fit.hold={} into it, so it cannot)")
+    held: dict[str, int] = {}  # name -> stages held, for the names actually held
     for name, count in dict(fit.hold or {}).items():
         key = f"fit.hold.{name}"
         count = _at_least(key, count, 0)
@@ -271,14 +265,18 @@ def _hold(cfg: FitConfig) -> None:
             raise ConfigError(f"{key}: {name!r} is not a fitted parameter (fit.params="
                               f"{list(fit.params)}); only fitted parameters can be held "
                               f"({key}=0 drops the hold)")
-        if not fit.stages:
-            raise ConfigError(f"{key}: holding a parameter needs a staged fit (fit.stages); "
-                              f"without stages it would never be fitted ({key}=0 drops the "
-                              "hold)")
+        held[str(name)] = count
+    if held and not fit.stages:  # all at once: an experiment's hold may name ten parameters
+        drop = " ".join(f"fit.hold.{n}=0" for n in held)
+        raise ConfigError(f"fit.hold: holding {', '.join(held)} needs a staged fit "
+                          f"(fit.stages); without stages they would never be fitted ({drop} "
+                          "drops the hold; Hydra merges fit.hold={} into it, so it cannot)")
+    for name, count in held.items():
         if count > len(fit.stages):
-            raise ConfigError(f"{key}={count}: there are {len(fit.stages)} listed stages "
-                              f"(fit.stages={list(fit.stages)}) and the last one must fit it")
-    held_first = {str(n) for n, count in dict(fit.hold or {}).items() if int(count) >= 1}
+            raise ConfigError(f"fit.hold.{name}={count}: there are {len(fit.stages)} listed "
+                              f"stages (fit.stages={list(fit.stages)}) and the last one must "
+                              "fit it")
+    held_first = set(held)
     fits_fields = any(str(v) == "fit" for v in dict(fit.initial_fields or {}).values())
     if fit.params and held_first >= {str(n) for n in fit.params} and not fits_fields:
         raise ConfigError(f"fit.hold holds every fitted parameter ({sorted(held_first)}) in "
