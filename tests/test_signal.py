@@ -131,6 +131,25 @@ def test_the_residual_verdict_subtracts_the_fields_degrees_of_freedom():
             statistics["rss"] / (statistics["dof"] * 0.01**2))
 
 
+def test_the_verdict_compares_the_residual_with_what_the_noise_leaves():
+    """With many fitted values the noise leaves an RMS residual well below σ: the message
+    names that level, so that "RMS 0.0193 exceeds σ = 0.02" does not read as a
+    contradiction (measured on a 512² fit of initial fields)."""
+    block = {"available": True, "rss": 0.0193**2 * 786_432, "n_values": 786_432,
+             "dof": 0.0193**2 * 786_432 / (2.36 * 0.02**2), "sigma": 0.02,
+             "sigma_source": "dataset"}
+    verdict = outcome.residual_verdict(block)
+    assert verdict["verdict"] == "above_noise"
+    assert verdict["reduced_chi2"] == pytest.approx(2.36)
+    expected = 0.02 * (block["dof"] / block["n_values"]) ** 0.5
+    assert f"exceeds the {expected:.3g} that the recorded noise σ = 0.02 leaves" in (
+        verdict["message"])
+    plain = outcome.residual_verdict({**block, "dof": block["n_values"],
+                                      "rss": 0.02**2 * block["n_values"]})
+    assert plain["verdict"] == "noise"
+    assert plain["message"].startswith("RMS residual 0.02 is the recorded noise σ = 0.02 ")
+
+
 def test_multiple_shooting_and_parameter_only_fits_carry_no_field_signal():
     problem, batch, theta, _ = ap_problem(shape=(6, 6), n_steps=20, every=5)
     assert not problem.fitted_fields and not signal.available(problem)

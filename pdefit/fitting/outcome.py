@@ -147,7 +147,7 @@ def residual_verdict(uncertainty: Mapping[str, Any]) -> dict[str, Any]:
     recorded = uncertainty["sigma_source"] in KNOWN_SOURCES
     sigma = uncertainty["sigma"] if recorded else None
     chi2 = rss / (dof * sigma**2) if recorded and dof > 0 and sigma else None
-    verdict, message = _verdict(uncertainty, rms, sigma, chi2, dof)
+    verdict, message = _verdict(uncertainty, rms, sigma, chi2, dof, n_values)
     per_field = uncertainty.get("sigma_per_field") if recorded else None
     return {"verdict": verdict, "rms_residual": rms,
             "noise_sigma": per_field or sigma, "noise_source": uncertainty["sigma_source"],
@@ -155,7 +155,7 @@ def residual_verdict(uncertainty: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _verdict(uncertainty: Mapping[str, Any], rms: float, sigma: float | None,
-             chi2: float | None, dof: int) -> tuple[str, str]:
+             chi2: float | None, dof: float, n_values: int) -> tuple[str, str]:
     """(verdict, message) of :func:`residual_verdict`."""
     # First: a residual at the data's rounding holds no discretization error, however much
     # the check's finer run moves the predictions against so small a residual.
@@ -174,13 +174,25 @@ def _verdict(uncertainty: Mapping[str, Any], rms: float, sigma: float | None,
     # later one: up to about σ² more per value where the dynamics do not amplify it.
     copied = bool(uncertainty.get("copied_initial_values"))
     carried = " (with the first frame's noise carried by the initial state read from it)"
+    level = _noise_level_phrase(sigma, dof, n_values)
     if chi2 > 1.0 + spread + (1.0 if copied else 0.0):
-        return ABOVE_NOISE, (f"RMS residual {rms:.3g} exceeds the recorded noise σ = "
-                             f"{sigma:.3g} (reduced χ² {chi2:.3g}): model error, or the fit "
-                             "has not reached the optimum")
+        return ABOVE_NOISE, (f"RMS residual {rms:.3g} exceeds {level} (reduced χ² "
+                             f"{chi2:.3g}): model error, or the fit has not reached the optimum")
     if chi2 < 1.0 - spread:
-        return BELOW_NOISE, (f"RMS residual {rms:.3g} is below the recorded noise σ = "
-                             f"{sigma:.3g} (reduced χ² {chi2:.3g}): the recorded level "
-                             "overstates the noise, or the fit follows it")
-    return NOISE, (f"RMS residual {rms:.3g} is the recorded noise σ = {sigma:.3g} "
-                   f"(reduced χ² {chi2:.3g}){carried if copied and chi2 > 1.0 + spread else ''}")
+        return BELOW_NOISE, (f"RMS residual {rms:.3g} is below {level} (reduced χ² "
+                             f"{chi2:.3g}): the recorded level overstates the noise, or the "
+                             "fit follows it")
+    return NOISE, (f"RMS residual {rms:.3g} is {level} (reduced χ² {chi2:.3g})"
+                   f"{carried if copied and chi2 > 1.0 + spread else ''}")
+
+
+def _noise_level_phrase(sigma: float, dof: float, n_values: int) -> str:
+    """What noise of level σ leaves as RMS residual: σ·√(dof/N) once the fit's fitted values
+    have absorbed N − dof of its N degrees of freedom. Said in full where that differs from
+    σ by a printed digit: "RMS 0.0193 exceeds the noise σ = 0.02" reads as a contradiction
+    when 10⁵ fitted field values leave 0.0126."""
+    expected = sigma * math.sqrt(max(dof, 0.0) / n_values) if n_values else sigma
+    if f"{expected:.3g}" == f"{sigma:.3g}":
+        return f"the recorded noise σ = {sigma:.3g}"
+    return (f"the {expected:.3g} that the recorded noise σ = {sigma:.3g} leaves over "
+            f"{dof:.4g} degrees of freedom of its {n_values} values")
