@@ -14,7 +14,15 @@ frames of the experiment's dataset (``--data``, made by ``benchmarks/realistic.p
   there);
 * ``--mode joint``: ``--rounds`` × ``--field-steps`` steps of the matrix-free
   Levenberg–Marquardt over both, as the experiment's stages take them (its
-  ``optim.krylov_iterations`` conjugate-gradient iterations per step, override after ``--``).
+  ``optim.krylov_iterations`` conjugate-gradient iterations per step, override after ``--``);
+* ``--mode reduced``: the parameters by a quasi-Newton method (SciPy's L-BFGS-B, at most
+  ``--rounds`` evaluations) on the reduced misfit φ(p) = min over the fields of the loss
+  (variable projection): each evaluation first fits the fields alone, ``--field-steps``
+  matrix-free steps from the best evaluation's fields so far, and takes the gradient in the
+  parameters there (at the fields' optimum it is φ's gradient); the parameters' coordinates
+  are the unconstrained ones divided by ``--reduced-scale``, so that a unit step of
+  L-BFGS-B changes them by that much (a first measurement: docs/benchmarks.md, "A first
+  outer optimiser over the parameters on φ").
 
 After each part: the loss on the window and every parameter's error against the dataset's
 truth. A diagnostic of the voltage-only BOCF fits (docs/benchmarks.md, "Why the long windows
@@ -55,6 +63,7 @@ from pdefit.fitting import assemble, krylov
 from pdefit.fitting import gauss_newton as gn
 from pdefit.fitting.train import run_fit
 from pdefit.options import FitConfig
+from pdefit.runtime.compile_cache import use_compilation_cache
 
 
 def arguments() -> argparse.Namespace:
@@ -66,7 +75,8 @@ def arguments() -> argparse.Namespace:
                         help="a run directory (fitted.npz) or a stage's checkpoint step")
     parser.add_argument("--data", type=Path, required=True, help="the dataset (Zarr)")
     parser.add_argument("--frames", type=int, default=None, help="window (default: all)")
-    parser.add_argument("--mode", choices=("alternate", "joint"), default="alternate")
+    parser.add_argument("--mode", choices=("alternate", "joint", "reduced"), default="alternate")
+    parser.add_argument("--reduced-scale", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--param-steps", type=int, default=8)
     parser.add_argument("--field-steps", type=int, default=3)
@@ -118,8 +128,37 @@ def errors(problem: Any, theta: Any, truth: dict[str, float]) -> dict[str, float
     return {name: float(values[name]) / truth[name] - 1.0 for name in problem.layout.fitted}
 
 
+def reduced(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
+            fields_alone: Any, record: Any) -> Any:
+    """``--mode reduced`` (see the module docstring): the best θ found."""
+    from jax.flatten_util import ravel_pytree
+    from scipy.optimize import minimize
+
+    flat, unravel = ravel_pytree(theta["params"])
+    gradient = jax.jit(jax.grad(problem.loss))
+    state = {"best": (np.inf, theta), "count": 0}
+
+    def phi(z: np.ndarray) -> tuple[float, np.ndarray]:
+        params = unravel(jnp.asarray(z * args.reduced_scale, flat.dtype))
+        # From the best fields so far: a trial point's fields, fitted in a few steps to
+        # parameters a line search then rejects, are a worse start than those.
+        fitted = fields_alone({**state["best"][1], "params": params}, args.field_steps)
+        state["count"] += 1
+        loss = float(problem.loss(fitted, batch))
+        if loss < state["best"][0]:
+            state["best"] = (loss, fitted)
+        record(f"{state['count']}: reduced", fitted)
+        g = np.asarray(ravel_pytree(gradient(fitted, batch)["params"])[0], np.float64)
+        return loss, g * args.reduced_scale
+
+    minimize(phi, np.asarray(flat, np.float64) / args.reduced_scale, jac=True,
+             method="L-BFGS-B", options={"maxfun": args.rounds, "maxiter": args.rounds})
+    return state["best"][1]
+
+
 def main() -> None:
     args = arguments()
+    use_compilation_cache()  # every run_fit call compiles its step again
     cfg, setup, theta = setup_for(args)
     problem, batch = setup.problem, setup.batch
     truth = {k: float(v) for k, v in zd.open_dataset(args.data).meta.true_params.items()}
@@ -148,7 +187,10 @@ def main() -> None:
         return state.theta
 
     record("start", theta)
-    for r in range(args.rounds):
+    if args.mode == "reduced":
+        theta = reduced(problem, batch, theta, args, lambda t, k: steps(t, k, matrix_free,
+                                                                         names), record)
+    for r in range(args.rounds if args.mode != "reduced" else 0):
         if args.mode == "joint":
             theta = steps(theta, args.field_steps, matrix_free, [])
             record(f"{r}: joint", theta)
