@@ -96,11 +96,10 @@ def is_checkpoint(start: Path) -> bool:
 def setup_for(args: argparse.Namespace) -> Any:
     """The fit of one window from ``args.start`` (its parameters and fields)."""
     n = zd.open_dataset(args.data).meta.n_frames if args.frames is None else args.frames
-    # One window, no stages: assemble.build_fit applies no stage holds (an experiment's
-    # fit.hold stays in the options, unused; Hydra would merge "fit.hold={}" into it).
+    # One window, no stages (assemble.build_fit applies no stage holds; null drops them).
     overrides = [f"experiment={args.experiment}", f"system.grid.shape=[{args.grid},{args.grid}]",
                  *noise_overrides(args.sigma), f"data.path={args.data}", "fit.stages=null",
-                 f"data.frames=[{','.join(map(str, range(n)))}]",
+                 "fit.hold=null", f"data.frames=[{','.join(map(str, range(n)))}]",
                  *([] if is_checkpoint(args.start) else [f"fit.start_from={args.start}"]),
                  *args.overrides]
     cfg = to_options(config(overrides), FitConfig)

@@ -49,9 +49,8 @@ def misfit_at_truth(base: list[str], dataset: Path, truth: Path, integrator: str
     """The data misfit (mean over observed values) of the truth (``truth``: its
     ``fitted.npz``) stepped by ``integrator`` at ``frame_interval / per_frame``; the whole
     window as one stage."""
-    # One window: assemble.build_fit applies no stage holds (an experiment's fit.hold stays
-    # in the options, unused; Hydra would merge "fit.hold={}" into it, not clear it).
-    stepping = [f"data.path={dataset}", "fit.stages=null",
+    # One window (assemble.build_fit applies no stage holds; null drops them).
+    stepping = [f"data.path={dataset}", "fit.stages=null", "fit.hold=null",
                 f"system.dt={frame_interval / per_frame!r}", f"system.integrator={integrator}",
                 f"fit.start_from={truth}"]
     options = to_options(config([*base, *stepping]), FitConfig)

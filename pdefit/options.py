@@ -195,7 +195,9 @@ class FitSpecConfig:
     # Parameters held at their current values during the first N stages of a staged fit
     # ({name: N}), fitted from stage N + 1 on: e.g. `+fit.hold.NAME=1` keeps NAME at its
     # start in the first, shortest window, whose data barely see it; N = 0: not held.
-    hold: dict[str, int] = field(default_factory=dict)
+    # null (`fit.hold=null`) drops an experiment's whole hold, which `fit.hold={}` cannot:
+    # Hydra merges a mapping into the one it overrides.
+    hold: dict[str, int] | None = field(default_factory=dict)
     # Multiple shooting over the training window (segments: 1 = one trajectory).
     shooting: ShootingConfig = field(default_factory=ShootingConfig)
     # Standard errors and 95 % intervals of the fitted shared scalars after the fit

@@ -479,10 +479,15 @@ def test_staged_fit_grows_the_window_and_resumes_per_stage(tmp_path):
                        # Without stages, every held name in one line with how to drop them.
                        (["fit.stages=null", "+fit.hold.k=1", "+fit.hold.a=2"],
                         r"^fit\.hold: holding k, a needs a staged fit \(fit\.stages\);.*"
-                        r"\(fit\.hold\.k=0 fit\.hold\.a=0 drops the hold")]:
+                        r"\(fit\.hold=null drops the whole hold, fit\.hold\.k=0 "
+                        r"fit\.hold\.a=0 one by one\)$")]:
         with pytest.raises(ConfigError, match=key):
             fit(config(tmp_path / "early", *overrides[:-1], *extra))
         assert not (tmp_path / "early").exists()
+    # fit.hold=null drops a hold that fit.hold={} would only merge into.
+    validate_fit(config(tmp_path / "ok", *overrides, "fit.stages=null", "fit.hold=null"))
+    with pytest.raises(ConfigError, match=r"^fit\.hold: holding k needs a staged fit"):
+        validate_fit(config(tmp_path / "ok", *overrides, "fit.stages=null", "fit.hold={}"))
 
 
 def test_patience_detects_a_stalled_loss():

@@ -269,8 +269,8 @@ def _hold(cfg: FitConfig) -> None:
     if held and not fit.stages:  # all at once: an experiment's hold may name ten parameters
         drop = " ".join(f"fit.hold.{n}=0" for n in held)
         raise ConfigError(f"fit.hold: holding {', '.join(held)} needs a staged fit "
-                          f"(fit.stages); without stages they would never be fitted ({drop} "
-                          "drops the hold; Hydra merges fit.hold={} into it, so it cannot)")
+                          f"(fit.stages); without stages they would never be fitted "
+                          f"(fit.hold=null drops the whole hold, {drop} one by one)")
     for name, count in held.items():
         if count > len(fit.stages):
             raise ConfigError(f"fit.hold.{name}={count}: there are {len(fit.stages)} listed "

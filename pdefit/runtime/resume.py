@@ -47,9 +47,10 @@ def config_differences(saved: Mapping[str, Any], current: Mapping[str, Any],
 
 def _without_neutral(flat: dict[str, Any]) -> dict[str, Any]:
     """``flat`` without entries that change nothing: a hold of 0 stages (``fit.hold.X=0``,
-    how an override drops an experiment's hold) and an empty ``fit.hold``."""
+    how an override drops an experiment's hold) and an empty or null ``fit.hold``."""
     return {k: v for k, v in flat.items()
-            if not ((k.startswith("fit.hold.") and v == 0) or (k == "fit.hold" and v == {}))}
+            if not ((k.startswith("fit.hold.") and v == 0)
+                    or (k == "fit.hold" and v in ({}, None)))}
 
 
 def _schema_defaults() -> dict[str, Any]:
