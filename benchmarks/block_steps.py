@@ -56,6 +56,8 @@ import numpy as np
 
 # The sibling benchmark's config and noise overrides (this directory is on the path).
 from bocf_robustness import config, noise_overrides
+from jax.flatten_util import ravel_pytree
+from scipy.optimize import minimize
 
 from pdefit import data as zd
 from pdefit.app.config import to_options
@@ -130,9 +132,6 @@ def errors(problem: Any, theta: Any, truth: dict[str, float]) -> dict[str, float
 def reduced(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
             fields_alone: Any, record: Any) -> Any:
     """``--mode reduced`` (see the module docstring): the best θ found."""
-    from jax.flatten_util import ravel_pytree
-    from scipy.optimize import minimize
-
     flat, unravel = ravel_pytree(theta["params"])
     gradient = jax.jit(jax.grad(problem.loss))
     state = {"best": (np.inf, theta), "count": 0}

@@ -223,8 +223,8 @@ def _requeue(slurm: SlurmCluster, work: Path, env: dict[str, str]) -> tuple[Subm
                    "restart 1")
         resumed_at = json.loads((job.run_dir / "status.json").read_text())["step"]
         # Then the time-limit warning, which only the fit's step receives: soon after the
-        # restart, since on an idle machine the last 50 of the 100 steps took less time
-        # than scancel's round trip and the signal found the fit finished (Restarts 1).
+        # restart. Sent 30 steps after it, one full-suite run ended with Restarts 1 (its log
+        # not kept): most likely the fit's last steps outran scancel's round trip.
         wait_until(lambda: last_step(job.run_dir) >= resumed_at + 5, "steps after restart")
         slurm.run("scancel", "--signal=USR1", job.id)
         return resumed_at
