@@ -84,6 +84,21 @@ def test_random_probes_estimate_the_trace_within_their_standard_error():
         "cap)" in signal.format_signal(short)[0]
 
 
+def test_an_estimate_beyond_the_fields_size_is_reported_as_all_of_it():
+    """tr A over a field lies in [0, its number of values]; two probes and solves cut at 5
+    iterations put u's estimate above its 64 (a 512² BOCF fit printed 2.622e+05 of its
+    262144 values): the degrees of freedom are then the bound, the line says "all" and the
+    estimate is kept."""
+    problem, batch, theta = _problem((8, 8), 1e-5, fitted=())
+    result = signal.field_signal(problem, theta, batch, probes=2, seed=1, iterations=5)
+    u = result["fields"]["u"]
+    assert u["estimate"] > 64 and u["signal_dof"] == 64 and u["determined_fraction"] == 1
+    assert result["signal_dof"] == 64 + result["fields"]["v"]["signal_dof"]
+    assert signal.format_signal(result)[0].startswith(
+        "u at t = 0: the data determine all of its 64 values (degrees of freedom for signal: "
+        "the estimate 64.0")
+
+
 def test_the_prior_takes_over_what_the_data_do_not_see():
     """Observed u(0) is determined by its own frame (most of it, whatever the prior); the
     hidden v(0) less so, and a strong background takes over more of both. Without a prior

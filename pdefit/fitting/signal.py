@@ -96,8 +96,13 @@ def field_signal(problem: FitProblem, theta: Any, batch: Batch, probes: int = PR
         values = np.asarray(traces[f], np.float64)
         total = float(values.sum()) if exact else float(values.mean())
         spread = None if exact else float(values.std(ddof=1) / math.sqrt(len(values)))
-        per_field[f] = {"values": n, "signal_dof": total, "standard_error": spread,
-                        "determined_fraction": total / n, "prior": has_prior[f]}
+        # tr A lies in [0, n] (A's eigenvalues lie in [0, 1]); a random-probe estimate of a
+        # field the data fix almost entirely, or one from solves at their cap, can fall
+        # outside it (a 512² BOCF u(0): 2.622e+05 ± 0.43 of its 262144 values).
+        bounded = min(max(total, 0.0), float(n))
+        per_field[f] = {"values": n, "signal_dof": bounded, "standard_error": spread,
+                        "determined_fraction": bounded / n, "prior": has_prior[f],
+                        "estimate": total}
     # A solve stopped at its cap leaves the weakest directions' share of G_xx⁻¹ P_xx z out:
     # the traces are then upper bounds.
     capped = int(sum(int(k) >= iterations for k in steps))
@@ -139,6 +144,14 @@ def format_signal(block: dict[str, Any]) -> list[str]:
             continue
         spread = "" if row["standard_error"] is None else f" ± {row['standard_error']:.2g}"
         share = row["determined_fraction"]
+        estimate = row.get("estimate", row["signal_dof"])
+        if estimate != row["signal_dof"]:  # outside [0, n]: say so rather than print it
+            amount = "all" if estimate > row["values"] else "none"
+            lines.append(f"{name} at t = 0: the data determine {amount} of its "
+                         f"{row['values']} values (degrees of freedom for signal: the "
+                         f"estimate {estimate:.6g}{spread} lies outside [0, {row['values']}], "
+                         f"which bounds it{bound})")
+            continue
         rest = (": mostly its prior and first guess" if share < MOSTLY_PRIOR
                 else "; the rest is its prior's")
         lines.append(f"{name} at t = 0: the data determine {row['signal_dof']:.4g}{spread} of "
