@@ -22,7 +22,15 @@ frames of the experiment's dataset (``--data``, made by ``benchmarks/realistic.p
   parameters there (at the fields' optimum it is φ's gradient); the parameters' coordinates
   are the unconstrained ones divided by ``--reduced-scale``, so that a unit step of
   L-BFGS-B changes them by that much (a first measurement: docs/benchmarks.md, "A first
-  outer optimiser over the parameters on φ").
+  outer optimiser over the parameters on φ");
+* ``--mode schur``: ``--rounds`` times, ``--field-steps`` steps on the fields alone, then one
+  Gauss–Newton step of the parameters on φ: the Schur complement S of the fields and the
+  reduced gradient g (:func:`pdefit.fitting.marginal.marginal_parts`, its field solves at
+  most ``--schur-iterations`` conjugate-gradient iterations), δ = −(2S + λ diag 2S)⁻¹ g with
+  λ = ``--schur-damping`` (S's negative eigenvalues, which cut-short solves leave, set to 0);
+  it prints S's eigenvalues, the solves that stopped at their cap, and the cosines of −g and
+  δ with the way to the truth (unconstrained coordinates), then takes the step (the fields
+  refitted by the next round's steps).
 
 After each part: the loss on the window and every parameter's error against the dataset's
 truth. A diagnostic of the voltage-only BOCF fits (docs/benchmarks.md, "Why the long windows
@@ -61,7 +69,7 @@ from scipy.optimize import minimize
 
 from pdefit import data as zd
 from pdefit.app.config import to_options
-from pdefit.fitting import assemble, krylov
+from pdefit.fitting import assemble, krylov, marginal
 from pdefit.fitting import gauss_newton as gn
 from pdefit.fitting.train import run_fit
 from pdefit.options import FitConfig
@@ -77,7 +85,10 @@ def arguments() -> argparse.Namespace:
                         help="a run directory (fitted.npz) or a stage's checkpoint step")
     parser.add_argument("--data", type=Path, required=True, help="the dataset (Zarr)")
     parser.add_argument("--frames", type=int, default=None, help="window (default: all)")
-    parser.add_argument("--mode", choices=("alternate", "joint", "reduced"), default="alternate")
+    parser.add_argument("--mode", choices=("alternate", "joint", "reduced", "schur"),
+                        default="alternate")
+    parser.add_argument("--schur-iterations", type=int, default=200)
+    parser.add_argument("--schur-damping", type=float, default=1e-3)
     parser.add_argument("--reduced-scale", type=float, default=0.1)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--param-steps", type=int, default=8)
@@ -154,6 +165,39 @@ def reduced(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
     return state["best"][1]
 
 
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def schur_step(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
+               truth: dict[str, float]) -> tuple[Any, dict[str, Any]]:
+    """``--mode schur``'s parameter step at ``theta`` (see the module docstring) and what it
+    measured."""
+    flat, unravel = ravel_pytree(theta["params"])
+    started = time.perf_counter()
+    half, reduced_gradient, lost = marginal.marginal_parts(problem, theta, batch,
+                                                           iterations=args.schur_iterations)
+    matrix = 2.0 * half
+    root = np.sqrt(np.maximum(np.abs(np.diag(matrix)), 1e-30))
+    # In coordinates scaled by S's diagonal; the directions the solves left negative (S is
+    # positive semidefinite) get only the damping, as a flat direction would.
+    eigenvalues, vectors = np.linalg.eigh(matrix / np.outer(root, root))
+    inverse = 1.0 / (np.maximum(eigenvalues, 0.0) + args.schur_damping)
+    delta = -(vectors @ (inverse * (vectors.T @ (reduced_gradient / root)))) / root
+    toward = np.asarray(ravel_pytree(at_truth(problem, theta, truth)["params"])[0] - flat)
+    report = {"seconds": time.perf_counter() - started, "lost": list(lost),
+              "scaled_eigenvalues": [float(e) for e in eigenvalues],
+              "cos_gradient_truth": cosine(-reduced_gradient, toward),
+              "cos_step_truth": cosine(delta, toward),
+              "step_over_distance": float(np.linalg.norm(delta) / np.linalg.norm(toward))}
+    print(f"{'schur':>16}: {report['seconds']:.0f} s, solves lost at {list(lost)}, scaled "
+          f"eigenvalues {eigenvalues.min():.3g} … {eigenvalues.max():.3g}, cos(−g, truth) "
+          f"{report['cos_gradient_truth']:+.3f}, cos(step, truth) {report['cos_step_truth']:+.3f}"
+          f", |step| / distance {report['step_over_distance']:.3g}", flush=True)
+    stepped = unravel(jnp.asarray(np.asarray(flat) + delta, flat.dtype))
+    return {**theta, "params": stepped}, report
+
+
 def main() -> None:
     args = arguments()
     use_compilation_cache()  # every run_fit call compiles its step again
@@ -189,6 +233,13 @@ def main() -> None:
         theta = reduced(problem, batch, theta, args, lambda t, k: steps(t, k, matrix_free,
                                                                          names), record)
     for r in range(args.rounds if args.mode != "reduced" else 0):
+        if args.mode == "schur":
+            theta = steps(theta, args.field_steps, matrix_free, names)
+            record(f"{r}: fields", theta)
+            theta, measured = schur_step(problem, batch, theta, args, truth)
+            rows.append({"part": f"{r}: schur", **measured})
+            record(f"{r}: parameters", theta)
+            continue
         if args.mode == "joint":
             theta = steps(theta, args.field_steps, matrix_free, [])
             record(f"{r}: joint", theta)
