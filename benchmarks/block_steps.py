@@ -29,8 +29,8 @@ frames of the experiment's dataset (``--data``, made by ``benchmarks/realistic.p
   most ``--schur-iterations`` conjugate-gradient iterations), δ = −(2S + λ diag 2S)⁻¹ g with
   λ = ``--schur-damping`` (S's negative eigenvalues, which cut-short solves leave, set to 0);
   it prints S's eigenvalues, the solves that stopped at their cap, and the cosines of −g and
-  δ with the way to the truth (unconstrained coordinates), then takes the step (the fields
-  refitted by the next round's steps).
+  δ with the way to the truth (unconstrained coordinates), then takes the step, halved until
+  the loss is finite (the fields refitted by the next round's steps).
 
 After each part: the loss on the window and every parameter's error against the dataset's
 truth. A diagnostic of the voltage-only BOCF fits (docs/benchmarks.md, "Why the long windows
@@ -194,8 +194,15 @@ def schur_step(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
           f"eigenvalues {eigenvalues.min():.3g} … {eigenvalues.max():.3g}, cos(−g, truth) "
           f"{report['cos_gradient_truth']:+.3f}, cos(step, truth) {report['cos_step_truth']:+.3f}"
           f", |step| / distance {report['step_over_distance']:.3g}", flush=True)
-    stepped = unravel(jnp.asarray(np.asarray(flat) + delta, flat.dtype))
-    return {**theta, "params": stepped}, report
+    # A step the model cannot run (a non-finite loss) is halved until it can, at most 20
+    # times, so that the next round's field steps have a finite start.
+    for halvings in range(21):
+        stepped = {**theta, "params": unravel(jnp.asarray(np.asarray(flat) + delta / 2**halvings,
+                                                          flat.dtype))}
+        if np.isfinite(float(problem.loss(stepped, batch))):
+            break
+    report["halvings"] = halvings
+    return stepped, report
 
 
 def main() -> None:
