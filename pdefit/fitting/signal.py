@@ -146,11 +146,13 @@ def format_signal(block: dict[str, Any]) -> list[str]:
         share = row["determined_fraction"]
         estimate = row.get("estimate", row["signal_dof"])
         if estimate != row["signal_dof"]:  # outside [0, n]: say so rather than print it
-            amount = "all" if estimate > row["values"] else "none"
-            lines.append(f"{name} at t = 0: the data determine {amount} of its "
-                         f"{row['values']} values (degrees of freedom for signal: the "
-                         f"estimate {estimate:.6g}{spread} lies outside [0, {row['values']}], "
-                         f"which bounds it{bound})")
+            above = estimate > row["values"]
+            # The excess itself: "the estimate 64 lies outside [0, 64]" would hide it.
+            outside = (f"{estimate - row['values']:.2g} above their number" if above
+                       else f"{estimate:.2g}, below zero")
+            lines.append(f"{name} at t = 0: the data determine {'all' if above else 'none'} "
+                         f"of its {row['values']} values (degrees of freedom for signal: the "
+                         f"estimate is {outside}{spread}, which bounds it{bound})")
             continue
         rest = (": mostly its prior and first guess" if share < MOSTLY_PRIOR
                 else "; the rest is its prior's")
