@@ -101,7 +101,7 @@ def truth_frames(shape: int, n_steps: int, model: str = "published",
 
 def one_fit(frames: dict[str, np.ndarray], draw: int, prior: str, background: float,
             steps: int, krylov: int = 40, sigma: float = SIGMA, passes: int = 2,
-            model: str = "published") -> dict:
+            model: str = "published", bootstrap: int = 0) -> dict:
     rng = np.random.default_rng(draw)
     u = frames["u"] + sigma * rng.standard_normal(frames["u"].shape)
     shape = u.shape[1:]
@@ -125,7 +125,7 @@ def one_fit(frames: dict[str, np.ndarray], draw: int, prior: str, background: fl
     started = time.perf_counter()
     options = {"optimizer": "levenberg_marquardt", "steps": steps, "initial_damping": 1.0,
                "krylov_iterations": krylov, "discretization_check": False}
-    result = pdefit.fit(setup, **options)
+    result = pdefit.fit(setup, **options, bootstrap=bootstrap)
     for _ in range(passes - 1 if prior == "recentred" else 0):
         # The background moved to the last estimate of the fields, the fit resumed there.
         setup = setup._replace(batch=setup.batch._replace(background=result.theta["fields"]),
@@ -143,6 +143,12 @@ def one_fit(frames: dict[str, np.ndarray], draw: int, prior: str, background: fl
             "covered": None if low is None else bool(low <= true <= high),
             "z": None if not row.get("std_error") else
             abs(result.params[name] - true) / row["std_error"]}
+        boot = ((result.uncertainty or {}).get("bootstrap") or {}).get("parameters", {})
+        if name in boot:
+            b = boot[name]
+            record["parameters"][name]["bootstrap"] = {
+                **b, "covered": bool(b["ci95_low"] <= true <= b["ci95_high"]),
+                "z": abs(b["corrected"] - true) / b["std_error"]}
     return record
 
 
@@ -152,8 +158,16 @@ def summary(records: list[dict], prior: str) -> str:
     z = [p["z"] for p in pairs if p["z"] is not None]
     errors = {n: [abs(r["parameters"][n]["recovered"] / t - 1) * 100 for r in records
                   if r["prior"] == prior] for n, t in TRUTH.items()}
-    return (f"| {prior} | {covered}/{len(pairs)} | {np.mean(z):.2f} | "
+    line = (f"| {prior} | {covered}/{len(pairs)} | {np.mean(z):.2f} | "
             f"{np.mean(errors['k']):.3f} | {np.mean(errors['a']):.3f} |")
+    boot = [p["bootstrap"] for p in pairs if "bootstrap" in p]
+    if boot:
+        corrected = {n: [abs(r["parameters"][n]["bootstrap"]["corrected"] / t - 1) * 100
+                         for r in records if r["prior"] == prior] for n, t in TRUTH.items()}
+        line += (f"\n| {prior}, bootstrap-corrected | {sum(b['covered'] for b in boot)}/"
+                 f"{len(boot)} | {np.mean([b['z'] for b in boot]):.2f} | "
+                 f"{np.mean(corrected['k']):.3f} | {np.mean(corrected['a']):.3f} |")
+    return line
 
 
 def main() -> None:
@@ -178,6 +192,9 @@ def main() -> None:
     parser.add_argument("--passes", type=int, default=2,
                         help="fits of the recentred prior: the first from the first guess, "
                              "each further one with the background at the last estimate")
+    parser.add_argument("--bootstrap", type=int, default=0,
+                        help="replicates of pdefit.fit(bootstrap=...) per fit (0: none): the "
+                             "bias-corrected estimates' intervals are scored too")
     parser.add_argument("--output", type=Path,
                         default=Path("benchmarks/results/coverage_fields.json"))
     args = parser.parse_args()
@@ -188,10 +205,12 @@ def main() -> None:
     for prior in args.priors:
         for draw in range(args.first_draw, args.first_draw + args.draws):
             records.append(one_fit(frames, draw, prior, args.background, args.steps,
-                                   args.krylov, args.sigma, args.passes, args.model))
+                                   args.krylov, args.sigma, args.passes, args.model,
+                                   args.bootstrap))
             r = records[-1]
-            print(prior, draw, {n: (f"{p['recovered']:.5g}", p["covered"]) for n, p in
-                                r["parameters"].items()}, f"χ² {r['reduced_chi2']}",
+            print(prior, draw, {n: (f"{p['recovered']:.5g}", p["covered"],
+                                    p.get("bootstrap", {}).get("covered"))
+                                for n, p in r["parameters"].items()}, f"χ² {r['reduced_chi2']}",
                   f"{r['wall_s']:.0f} s", flush=True)
             args.output.write_text(json.dumps({"args": vars(args) | {"output": str(
                 args.output)}, "records": records}, indent=1))

@@ -147,6 +147,7 @@ def summary_record(summary: dict[str, Any]) -> dict[str, Any]:
         rms_residual=residual.get("rms_residual"), noise_sigma=residual.get("noise_sigma"),
         residual_message=residual.get("message"),
         coverage=interval_coverage(rows),
+        bootstrap_coverage=bootstrap_coverage(summary),
         initial_fields={name: e.get("rel_l2_error")
                         for name, e in (summary.get("initial_fields") or {}).items()},
         determined={name: row["determined_fraction"] for name, row in (
@@ -161,6 +162,15 @@ def summary_record(summary: dict[str, Any]) -> dict[str, Any]:
             "start", "recovered", "true", "rel_error", "std_error", "ci95_low", "ci95_high",
             "flag")} for r in rows})
     return record
+
+
+def bootstrap_coverage(summary: dict[str, Any]) -> dict[str, bool]:
+    """Whether each bias-corrected interval of ``fit.bootstrap`` holds the truth (empty
+    without a bootstrap)."""
+    block = ((summary.get("uncertainty") or {}).get("bootstrap") or {}).get("parameters", {})
+    truth = {r["name"]: r.get("true") for r in summary.get("parameters") or []}
+    return {name: bool(row["ci95_low"] <= truth[name] <= row["ci95_high"])
+            for name, row in block.items() if truth.get(name) is not None}
 
 
 def failure_record(err: BaseException) -> dict[str, Any]:
@@ -259,7 +269,9 @@ def table_row(r: dict[str, Any], fields: Sequence[str]) -> str:
         stop = f"{stop} (run-off)"
     cells = [f"{r['sigma']:g}", str(r["seed"]), percent(r["mean_rel_error"]),
              percent(r["median_rel_error"]), percent(r["max_rel_error"]),
-             number(r["reduced_chi2"]), r["verdict"] or "—", coverage_text(r["coverage"]),
+             number(r["reduced_chi2"]), r["verdict"] or "—", coverage_text(r["coverage"])
+             + (f", bootstrap {coverage_text(r['bootstrap_coverage'])}"
+                if r.get("bootstrap_coverage") else ""),
              *[f"{percent(r['initial_fields'].get(f))} / "
                f"{percent((r.get('determined') or {}).get(f))}" for f in fields],
              forecast_text(r), stop,
@@ -285,7 +297,12 @@ def sigma_line(sigma: float, records: Sequence[dict[str, Any]]) -> str:
             f"{percent(float(np.median(medians)) if medians else None)} %, coverage "
             f"{covered}/{total}{f' = {covered / total:.0%}' if total else ''}, run-offs "
             f"{sum(bool(r['run_off']) for r in records)}/{len(records)}"
-            + (f", failed {failed}" if failed else ""))
+            + (f", failed {failed}" if failed else "") + _bootstrap_text(records))
+
+
+def _bootstrap_text(records: Sequence[dict[str, Any]]) -> str:
+    flags = [c for r in records for c in (r.get("bootstrap_coverage") or {}).values()]
+    return f", bootstrap coverage {sum(flags)}/{len(flags)}" if flags else ""
 
 
 def overall_line(records: Sequence[dict[str, Any]]) -> str:

@@ -37,6 +37,7 @@ from pdefit import data as zd
 from pdefit.app.config import typed_options
 from pdefit.app.validate import validate_discretization_check
 from pdefit.fitting import assemble, discretization, multistart, outcome, synthetic
+from pdefit.fitting import bootstrap as fit_bootstrap
 from pdefit.fitting import shooting as multiple_shooting
 from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
@@ -350,7 +351,7 @@ def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -
 def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         progress: bool = False, run_dir: str | PathLike | None = None,
         discretization_check: bool | Mapping[str, Any] = True, uncertainty: bool = True,
-        starts: int = 1, shooting: int = 1, continuity: float = 0.03,
+        starts: int = 1, shooting: int = 1, continuity: float = 0.03, bootstrap: int = 0,
         **options: Any) -> FitResult:
     """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
     ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
@@ -369,10 +370,11 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     starts there; ``start`` is the winning start).
     ``shooting`` > 1: first that many segments joined by ``continuity`` × their mean squared
     gaps (:mod:`pdefit.fitting.shooting`; checkpoints in ``run_dir/shooting``), then one
-    trajectory from their result, each up to ``steps`` steps (``fit.shooting`` in the CLI)."""
+    trajectory from their result, each up to ``steps`` steps (``fit.shooting`` in the CLI).
+    ``bootstrap`` ≥ 2: then that many refits of the fitted model's data with fresh noise
+    (:mod:`pdefit.fitting.bootstrap`): bias-corrected intervals, ``uncertainty["bootstrap"]``."""
     cfg = optimizer_config(optimizer, steps, **options)
-    if int(shooting) != shooting or shooting < 1:
-        raise ValueError(f"shooting must be a segment count >= 1, got {shooting!r}")
+    _check_counts(shooting, bootstrap, uncertainty)
     if starts > 1:
         setup, _ = multistart.choose(
             [setup, *(multistart.perturbed(setup, 0.5, 1.5, i) for i in range(1, starts))],
@@ -383,13 +385,7 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     out = None if run_dir is None else Path(run_dir)
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-
-    # What a resume from run_dir must agree on (the stopping keys of optim may change).
-    identity = {"optim": dataclasses.asdict(cfg), "fitted": list(problem.layout.fitted),
-                "fields": list(problem.fitted_fields),
-                "start": {k: float(v) for k, v in setup.start_values.items()},
-                "n_steps": problem.n_steps, "dt": float(problem.dt),
-                "integrator": problem.integrator}
+    identity = _identity(setup, cfg)
     theta0 = setup.theta0
     if shooting > 1:
         theta0 = _shot(setup, cfg, multiple_shooting.Shooting(int(shooting), float(continuity)),
@@ -403,10 +399,51 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     theta = history.best_theta
     fitted, fields = _fitted_values(problem, theta)
     intervals, report, residual = _assessment(setup, theta, check, uncertainty)
+    intervals = _bootstrapped(setup, cfg, curvature, theta, intervals, int(bootstrap))
     return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
                      list(history.losses), float(history.best_loss), int(state.step), theta,
                      history, report, stop_reason=history.stop_reason,
                      uncertainty=intervals, residual=residual)
+
+
+def _identity(setup: FitSetup, cfg: OptimConfig) -> dict[str, Any]:
+    """What a resume of :func:`fit` from its run_dir must agree on (the stopping keys of
+    optim may change)."""
+    problem = setup.problem
+    return {"optim": dataclasses.asdict(cfg), "fitted": list(problem.layout.fitted),
+            "fields": list(problem.fitted_fields),
+            "start": {k: float(v) for k, v in setup.start_values.items()},
+            "n_steps": problem.n_steps, "dt": float(problem.dt),
+            "integrator": problem.integrator}
+
+
+def _check_counts(shooting: Any, bootstrap: Any, uncertainty: bool) -> None:
+    """:func:`fit`'s counts, refused before any work."""
+    if int(shooting) != shooting or shooting < 1:
+        raise ValueError(f"shooting must be a segment count >= 1, got {shooting!r}")
+    if bootstrap and (int(bootstrap) != bootstrap or bootstrap < 2 or not uncertainty):
+        raise ValueError(f"bootstrap must be 0 or a replicate count >= 2 with uncertainty=True "
+                         f"(the replicates' noise is the fit's), got {bootstrap!r}")
+
+
+def _bootstrapped(setup: FitSetup, cfg: OptimConfig, curvature: Any, theta: Any,
+                  intervals: dict[str, Any] | None, count: int) -> dict[str, Any] | None:
+    """``intervals`` with :func:`fit`'s ``bootstrap`` block (unchanged without a count or
+    intervals): ``count`` replicates at the noise level the intervals used, each fitted
+    from the setup's start as the data were."""
+    if not count or intervals is None or not intervals.get("available"):
+        return intervals
+    problem = setup.problem
+    observed = problem.observation.fields
+    sigma = intervals.get("sigma_per_field") or {f: intervals["sigma"] for f in observed}
+
+    def refit(batch: Any, theta0: Any) -> Any:
+        return run_fit(problem.loss, theta0, batch, cfg, progress=False, log=log.debug,
+                       curvature=curvature, layout=problem.layout)[1].best_theta
+
+    fitted = fit_bootstrap.replicates(problem, setup.batch, setup.theta0, theta, sigma, count,
+                                      refit, log=log.info)
+    return {**intervals, "bootstrap": fit_bootstrap.summary(problem, theta, fitted)}
 
 
 def _shot(setup: FitSetup, cfg: OptimConfig, shooting: multiple_shooting.Shooting,

@@ -213,6 +213,10 @@ class FitSpecConfig:
     # first training window; the fit continues from the best point of the lowest probe loss.
     starts: int = 1
     start_probe_steps: int | None = None
+    # Parametric bootstrap (pdefit.fitting.bootstrap): after the fit, `bootstrap` (0: none,
+    # else ≥ 2) refits of the last stage on replicates of the data made by the fitted model
+    # with fresh noise; summary.json's uncertainty.bootstrap: bias, corrected estimate, interval.
+    bootstrap: int = 0
 
 
 @dataclass(frozen=True)

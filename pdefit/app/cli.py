@@ -51,9 +51,8 @@ from pdefit.app.validate import (
 )
 from pdefit.fitting import assemble, multistart, shooting
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
-from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.ranking import format_ranking, rank_parameters, write_ranking
-from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, TrainState, run_fit
+from pdefit.fitting.train import FitHistory, TrainState, run_fit
 from pdefit.options import FitConfig, SimulateMainConfig
 from pdefit.runtime.checkpoint import CHECKPOINT_DIR, CheckpointOptions, write_text_atomic
 from pdefit.runtime.compile_cache import use_compilation_cache
@@ -289,6 +288,7 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
                            "before training" if index == 0 else f"before stage {index + 1}")
         stage_out = run.out if len(run.windows) == 1 else run.out / f"stage-{index}"
         stage_out.mkdir(parents=True, exist_ok=True)
+        start = setup.theta0 if theta is None else theta
         state, history = _fit_stage(stage_cfg, setup, stage_out, theta, run.windows, index,
                                     preemption, run.holds[index])
         theta = history.best_theta
@@ -299,12 +299,13 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
             log.info(f"stage {index + 1}/{len(run.windows)} ({counted} frames, "
                      f"{setup.problem.n_steps} steps{shot}): loss {history.losses[0]:.3e} → "
                      f"{history.best_loss:.3e}")
-    return _staged(run.windows, first, setup, results)
+    return _staged(run.windows, first, setup, results)._replace(start=start, hold=run.holds[-1])
 
 
 def _staged(windows: list[list[int] | None], first: Any, last: Any,
             results: list[tuple[int, FitHistory]]) -> StagedFit:
-    """The stages taken together from each one's (steps, history)."""
+    """The stages taken together from each one's (steps, history) (the caller adds the last
+    stage's start and holds)."""
     histories = [history for _, history in results]
     return StagedFit(
         windows=windows, first=first, setup=last, history=histories[-1],
@@ -350,12 +351,7 @@ def _fit_stage(cfg: FitConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
              f"dt={problem.dt}, schedule {problem.schedule}")
     checkpoint = CheckpointOptions(out / CHECKPOINT_DIR, cfg.run.checkpoint_every,
                                    cfg.run.checkpoint_keep)
-    curvature = None
-    if cfg.optim.name == LEVENBERG_MARQUARDT:
-        try:
-            curvature = curvature_for(problem)
-        except ValueError as err:
-            raise assemble.ConfigError(f"optim: {err}") from None
+    curvature = fit_report.stage_curvature(cfg, problem)
     return run_fit(problem.loss, setup.theta0 if theta0 is None else theta0, setup.batch,
                    cfg.optim, describe=problem.scalar_values,
                    metrics_path=out / "metrics.jsonl",

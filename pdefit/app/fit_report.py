@@ -24,10 +24,11 @@ from pdefit.analysis.reports import (
     plot_fields,
     plot_loss,
 )
-from pdefit.fitting import discretization, outcome
-from pdefit.fitting.assemble import FitSetup
+from pdefit.fitting import bootstrap, discretization, outcome
+from pdefit.fitting.assemble import ConfigError, FitSetup
 from pdefit.fitting.initial_fields import evaluate_initial_fields, format_errors
-from pdefit.fitting.train import FitHistory
+from pdefit.fitting.krylov import curvature_for
+from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
 from pdefit.fitting.uncertainty import CurvatureParts
 from pdefit.model.system import field_attrs, image_origin, stepper, time_unit
 from pdefit.numerics.integrate import simulate
@@ -51,6 +52,8 @@ class StagedFit(NamedTuple):
     stage_steps: list[int]  # each stage counts its own from 0
     restarts: int
     nan_failures: int
+    start: Any = None  # the last stage's start θ (None: its setup's theta0)
+    hold: frozenset[str] = frozenset()  # the parameters the last stage held
 
 
 def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path,
@@ -61,6 +64,8 @@ def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path,
     problem, setup, theta = fit.setup.problem, fit.setup, fit.theta
     recovered = {k: float(v) for k, v in problem.scalar_values(theta).items()}
     uncertainty, curvature = _uncertainty(cfg, setup, theta, dataset)
+    if cfg.fit.bootstrap and uncertainty.get("available"):
+        uncertainty = {**uncertainty, "bootstrap": _bootstrap(cfg, fit, uncertainty)}
     rows = parameter_table(problem.layout.scalars, fit.first.start_values, recovered,
                            setup.reference,
                            {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
@@ -105,6 +110,8 @@ def print_report(summary: dict[str, Any], fit: StagedFit) -> None:
         print(format_table(rows))
     if uncertainty.get("note"):
         print(f"parameter intervals: {uncertainty['note']}")
+    if "bootstrap" in uncertainty:
+        print(bootstrap.format_block(uncertainty["bootstrap"]))
     if summary["mean_rel_error"] is not None:
         print(f"{format_error_summary(summary)}  (loss {fit.losses[0]:.3e} → "
               f"{fit.history.best_loss:.3e}, {fit.wall:.1f} s)")
@@ -136,6 +143,38 @@ def _uncertainty(cfg: FitConfig, setup: FitSetup, theta: Any, dataset: Path,
         return {"available": False, "reason": "fit.uncertainty=false"}, None
     noise = None if cfg.data.system else zd.open_dataset(dataset).meta.noise
     return outcome.intervals(setup.problem, theta, setup.batch, noise, log=log.info)
+
+
+def stage_curvature(cfg: FitConfig, problem: Any) -> Any:
+    """Levenberg–Marquardt's Gauss–Newton product for a stage's ``problem`` (None for another
+    optimiser); a ConfigError naming ``optim`` where the problem has none."""
+    if cfg.optim.name != LEVENBERG_MARQUARDT:
+        return None
+    try:
+        return curvature_for(problem)
+    except ValueError as err:
+        raise ConfigError(f"optim: {err}") from None
+
+
+def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any]) -> dict[str, Any]:
+    """``fit.bootstrap`` replicates of the last stage's data at the intervals' noise level,
+    each refitted as that stage was: from its start, with its optimiser and holds."""
+    problem, batch = fit.setup.problem, fit.setup.batch
+    sigma = uncertainty.get("sigma_per_field") or {
+        f: uncertainty["sigma"] for f in problem.observation.fields}
+    curvature = stage_curvature(cfg, problem)
+
+    def refit(replicate: Any, theta0: Any) -> Any:
+        return run_fit(problem.loss, theta0, replicate, cfg.optim, progress=False,
+                       log=log.debug, curvature=curvature, hold=fit.hold,
+                       layout=problem.layout)[1].best_theta
+
+    start = fit.setup.theta0 if fit.start is None else fit.start
+    log.info(f"bootstrap: {cfg.fit.bootstrap} refits of the last stage on replicates of the data")
+    fitted = bootstrap.replicates(problem, batch, start, fit.theta, sigma, cfg.fit.bootstrap,
+                                  refit, start_params=problem.physical_params(fit.first.theta0),
+                                  log=log.info)
+    return bootstrap.summary(problem, fit.theta, fitted)
 
 
 def _discretization_check(cfg: FitConfig, setup: FitSetup, theta: Any,

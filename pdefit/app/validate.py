@@ -198,6 +198,7 @@ def _fit(cfg: FitConfig) -> None:
             _at_least(f"fit.stages[{i}]", k, 2)
     _hold(cfg)
     _starts(cfg)
+    _bootstrap(cfg)
     _shooting(cfg)
     validate_discretization_check(fit.discretization_check)
 
@@ -213,6 +214,18 @@ def _shooting(cfg: FitConfig) -> None:
                          or mesh.all_devices):
         raise ConfigError(f"fit.shooting.segments={segments}: multiple shooting runs on one "
                           "device; use mesh=single or fit.shooting.segments=1")
+
+
+def _bootstrap(cfg: FitConfig) -> None:
+    """``fit.bootstrap``: 0 or a replicate count ≥ 2, with the intervals whose noise level the
+    replicates take."""
+    count = _at_least("fit.bootstrap", cfg.fit.bootstrap, 0)
+    if count == 1:
+        raise ConfigError("fit.bootstrap=1: a bootstrap needs at least 2 replicates (its spread "
+                          "is their standard deviation); use 0 for none")
+    if count and not cfg.fit.uncertainty:
+        raise ConfigError(f"fit.bootstrap={count} takes its noise level from the intervals, "
+                          "which fit.uncertainty=false skips: set fit.uncertainty=true")
 
 
 def _starts(cfg: FitConfig) -> None:
