@@ -45,6 +45,23 @@ def test_replicates_are_the_model_plus_noise_and_keep_missing_values_missing():
                                np.asarray(mean)[np.asarray(weights) > 0], rtol=0, atol=1e-12)
 
 
+def test_a_known_initial_field_read_from_the_first_frame_takes_the_replicates_frame():
+    """u(0) known and equal to the data's first frame (read from it): the replicate's u(0) is
+    its own first frame; v(0), not observed, and a u(0) that is not the data's frame stay."""
+    problem, batch, theta, _ = ap_problem(shape=(8, 8), n_steps=10, every=5, fitted=("k",),
+                                          observe=("u",))
+    replicate = bootstrap.replicate_batch(problem, theta, batch, {"u": 0.05},
+                                          jax.random.PRNGKey(1))
+    first = np.asarray(bootstrap.first_frames(replicate)["u"])
+    np.testing.assert_array_equal(np.asarray(replicate.initial["u"]), first)
+    assert not np.array_equal(first, np.asarray(batch.initial["u"]))
+    np.testing.assert_array_equal(np.asarray(replicate.initial["v"]),
+                                  np.asarray(batch.initial["v"]))
+    given = batch._replace(initial={**batch.initial, "u": batch.initial["u"] + 0.1})
+    kept = bootstrap.replicate_batch(problem, theta, given, {"u": 0.05}, jax.random.PRNGKey(1))
+    np.testing.assert_array_equal(np.asarray(kept.initial["u"]), np.asarray(given.initial["u"]))
+
+
 def test_a_replicates_first_guesses_are_made_as_the_datas_were():
     """The data's background is what first_guesses makes of their first frame, so that a
     replicate's start and background are remade from its own frame (u its frame, v the

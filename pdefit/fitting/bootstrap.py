@@ -48,9 +48,12 @@ def replicate_batch(problem: FitProblem, theta: Any, batch: Batch,
         values[name] = jnp.where(obs.weights[name] > 0, mean + sigma[name] * noise,
                                  obs.values[name])
     replicate = batch._replace(observed=obs._replace(values=values))
-    first = first_frames(replicate)
-    initial = {f: jnp.where(jnp.isfinite(first[f]), first[f], x) if f in first else x
-               for f, x in batch.initial.items()}
+    data_first, first = first_frames(batch), first_frames(replicate)
+    initial = dict(batch.initial)
+    for name, known in batch.initial.items():
+        if name in first and _same(known, data_first[name]):
+            frame = jnp.reshape(first[name], known.shape)
+            initial[name] = jnp.where(jnp.isfinite(frame), frame, known).astype(known.dtype)
     return replicate._replace(initial=initial)
 
 
@@ -70,7 +73,7 @@ def first_guesses(problem: FitProblem, batch: Batch, start_params: Mapping[str, 
     """What a fit takes as the fitted fields' first guess from ``batch``'s first frame: an
     observed field its frame (0 where missing), another the system's ``initial_guess`` at
     ``start_params`` (physical) where it has one."""
-    first = first_frames(batch)
+    first = {f: x for f, x in first_frames(batch).items() if f in problem.system.fields}
     hook = getattr(problem.system, "initial_guess", None)
     guesses = {}
     if hook is not None and first:
@@ -96,13 +99,17 @@ def rebased_start(problem: FitProblem, theta0: Any, batch: Batch, replicate: Bat
     return replicate._replace(background=background), {**theta0, "fields": fields}
 
 
-def _same(value: Any, guess: Any) -> bool:
-    """Whether ``value`` is the first guess ``guess``, up to the rounding of remaking it (the
-    start parameters pass through their transform and back)."""
-    value, guess = np.asarray(value).ravel(), np.asarray(guess, np.asarray(value).dtype).ravel()
-    scale = float(np.max(np.abs(guess), initial=0.0))
-    return value.size == guess.size and bool(np.allclose(value, guess, rtol=1e-5,
-                                                         atol=1e-6 * scale))
+def _same(value: Any, made: Any) -> bool:
+    """Whether ``value`` was made from the data as ``made`` is (a first frame, a first guess),
+    where ``made`` is finite, up to the rounding of remaking it (the start parameters pass
+    through their transform and back)."""
+    value = np.asarray(value).ravel()
+    made = np.asarray(made, value.dtype).ravel()
+    if value.size != made.size:
+        return False
+    finite = np.isfinite(made)
+    scale = float(np.max(np.abs(made[finite]), initial=0.0))
+    return bool(np.allclose(value[finite], made[finite], rtol=1e-5, atol=1e-6 * scale))
 
 
 def replicates(problem: FitProblem, batch: Batch, theta0: Any, theta: Any,
