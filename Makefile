@@ -5,8 +5,8 @@ BIN := $(VENV)/bin
 # Test processes (pytest-xdist, tests handed out as processes free up): on the 2-core host the
 # suite took 16.1 min against 18.0 min with whole files per process and about 22 serially.
 # tests/conftest.py shares compiled programs through the session's compilation cache: 576
-# tests in 15.4 min (pytest's count; 575 in 18.3 min without it, the session before); 586 in
-# 23.2 min with another fit beside them for most of the run (not a quiet time).
+# tests in 15.4 min (pytest's count; 575 in 18.3 min without it, the session before); 586
+# (the parametric bootstrap's tests added) in 16.2 min.
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
