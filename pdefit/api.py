@@ -372,7 +372,8 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     gaps (:mod:`pdefit.fitting.shooting`; checkpoints in ``run_dir/shooting``), then one
     trajectory from their result, each up to ``steps`` steps (``fit.shooting`` in the CLI).
     ``bootstrap`` ≥ 2: then that many refits of the fitted model's data with fresh noise
-    (:mod:`pdefit.fitting.bootstrap`): bias-corrected intervals, ``uncertainty["bootstrap"]``."""
+    (:mod:`pdefit.fitting.bootstrap`): bias-corrected intervals, ``uncertainty["bootstrap"]``;
+    with ``run_dir`` each replicate is kept in its ``bootstrap.json`` and reused on a resume."""
     cfg = optimizer_config(optimizer, steps, **options)
     _check_counts(shooting, bootstrap, uncertainty)
     if starts > 1:
@@ -399,7 +400,8 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     theta = history.best_theta
     fitted, fields = _fitted_values(problem, theta)
     intervals, report, residual = _assessment(setup, theta, check, uncertainty)
-    intervals = _bootstrapped(setup, cfg, curvature, theta, intervals, int(bootstrap))
+    intervals = _bootstrapped(setup, cfg, curvature, theta, intervals, int(bootstrap),
+                              None if out is None else out / "bootstrap.json")
     return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
                      list(history.losses), float(history.best_loss), int(state.step), theta,
                      history, report, stop_reason=history.stop_reason,
@@ -427,10 +429,11 @@ def _check_counts(shooting: Any, bootstrap: Any, uncertainty: bool) -> None:
 
 
 def _bootstrapped(setup: FitSetup, cfg: OptimConfig, curvature: Any, theta: Any,
-                  intervals: dict[str, Any] | None, count: int) -> dict[str, Any] | None:
+                  intervals: dict[str, Any] | None, count: int,
+                  store: Path | None) -> dict[str, Any] | None:
     """``intervals`` with :func:`fit`'s ``bootstrap`` block (unchanged without a count or
     intervals): ``count`` replicates at the noise level the intervals used, each fitted
-    from the setup's start as the data were."""
+    from the setup's start as the data were (kept in ``store`` for a resume)."""
     if not count or intervals is None or not intervals.get("available"):
         return intervals
     problem = setup.problem
@@ -442,7 +445,7 @@ def _bootstrapped(setup: FitSetup, cfg: OptimConfig, curvature: Any, theta: Any,
                        curvature=curvature, layout=problem.layout)[1].best_theta
 
     fitted = fit_bootstrap.replicates(problem, setup.batch, setup.theta0, theta, sigma, count,
-                                      refit, log=log.info)
+                                      refit, log=log.info, store=store)
     return {**intervals, "bootstrap": fit_bootstrap.summary(problem, theta, fitted)}
 
 

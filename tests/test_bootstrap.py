@@ -6,6 +6,9 @@ corrected estimate's interval holds the truth where the Laplace interval does no
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
+import signal
 from pathlib import Path
 
 import jax
@@ -20,6 +23,7 @@ from pdefit.app import cli
 from pdefit.fitting import bootstrap, krylov
 from pdefit.fitting.assemble import ConfigError
 from pdefit.numerics.grid import Grid
+from pdefit.runtime.signals import Preempted, PreemptionFlag
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -85,6 +89,34 @@ def test_a_replicates_first_guesses_are_made_as_the_datas_were():
         batch.background["v"]))
     np.testing.assert_array_equal(np.asarray(new_start["fields"]["v"]),
                                   np.asarray(moved["fields"]["v"]))
+
+
+def test_kept_replicates_are_reused_only_for_the_same_estimate(tmp_path):
+    """With a store, a second call refits only the replicates the first did not make, and
+    gives what one call would have; a store made for another estimate is not reused."""
+    problem, batch, theta, _ = ap_problem(shape=(8, 8), n_steps=10, every=5, fitted=("k",),
+                                          observe=("u",))
+    refits, lines = [], []
+
+    def refit(replicate, start):  # a stand-in fit: k moved by the replicate's mean noise
+        refits.append(1)
+        shift = jnp.mean(replicate.observed.values["u"] - batch.observed.values["u"])
+        return {**start, "params": {"k": start["params"]["k"] + shift}}
+
+    def run(count, estimate, store):
+        refits.clear()
+        out = bootstrap.replicates(problem, batch, theta, estimate, {"u": 0.05}, count, refit,
+                                   log=lines.append, store=store)
+        return out, len(refits)
+
+    store = tmp_path / "bootstrap.json"
+    whole, _ = run(3, theta, None)
+    assert run(2, theta, store) == (whole[:2], 2)
+    assert run(3, theta, store) == (whole, 1)
+    assert "bootstrap: 2 replicate(s) kept" in "\n".join(lines)
+    other = {**theta, "params": {"k": theta["params"]["k"] + 0.01}}
+    assert run(3, other, store)[1] == 3
+    assert "belongs to another estimate" in "\n".join(lines)
 
 
 def test_the_correction_is_made_in_the_fits_coordinates_and_held_at_a_bound():
@@ -156,11 +188,15 @@ def test_bad_bootstrap_options_are_refused_naming_the_key(tmp_path, overrides, m
     assert not (tmp_path / "config.yaml").exists()
 
 
-def test_the_command_line_reports_a_bootstrap(tmp_path, capsys):
-    """Two replicates of a small fit: summary.json holds the block and the report prints it."""
-    summary = cli.fit(_config(tmp_path, "fit.bootstrap=2", "optim=levenberg_marquardt",
-                              "optim.steps=3", "simulate.steps_per_frame=5",
-                              "fit.discretization_check.enabled=false"))
+def test_the_command_line_reports_a_bootstrap_and_resumes_it_after_a_signal(
+        tmp_path, capsys, caplog, monkeypatch):
+    """Two replicates of a small fit: summary.json holds the block and the report prints it.
+    A signal during the first replicate ends the run after it (status 75) with that replicate
+    kept in bootstrap.json; the same command then refits only the second, and the block
+    equals the uninterrupted run's to the last bit."""
+    options = ("fit.bootstrap=2", "optim=levenberg_marquardt", "optim.steps=3",
+               "simulate.steps_per_frame=5", "fit.discretization_check.enabled=false")
+    summary = cli.fit(_config(tmp_path / "whole", *options))
     block = summary["uncertainty"]["bootstrap"]
     assert block["replicates"] == 2 and set(block["parameters"]) == {"k", "a"}
     for row in block["parameters"].values():
@@ -168,3 +204,23 @@ def test_the_command_line_reports_a_bootstrap(tmp_path, capsys):
         assert np.isfinite(row["std_error"])
     assert "bootstrap (2 refits" in capsys.readouterr().out
     assert jnp.isfinite(jnp.asarray(summary["best_loss"]))
+
+    flag, made = PreemptionFlag(), bootstrap.replicate_batch
+
+    def signalled(*args, **kwargs):  # the signal arrives while the first replicate is made
+        flag.request(signal.SIGTERM)
+        return made(*args, **kwargs)
+
+    monkeypatch.setattr(bootstrap, "replicate_batch", signalled)
+    with pytest.raises(Preempted) as stopped:
+        cli.fit(_config(tmp_path / "cut", *options), preemption=flag)
+    assert stopped.value.code == 75
+    kept = json.loads((tmp_path / "cut" / "bootstrap.json").read_text())
+    assert len(kept["replicates"]) == 1 and not (tmp_path / "cut" / "summary.json").exists()
+    monkeypatch.setattr(bootstrap, "replicate_batch", made)
+    caplog.set_level(logging.INFO, logger="pdefit")
+    caplog.clear()
+    resumed = cli.fit(_config(tmp_path / "cut", *options))
+    assert "bootstrap: 1 replicate(s) kept" in caplog.text
+    assert "bootstrap replicate 1/2" not in caplog.text  # only the second is refitted
+    assert resumed["uncertainty"]["bootstrap"] == block

@@ -197,7 +197,8 @@ def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -
 
     ``preemption`` (installed by ``fit_main`` for the whole process) is checked between the
     start-up phases, where stopping leaves nothing half-written, and handed to the optimiser
-    loop, which checkpoints; a signal during the end phase lets it finish."""
+    loop, which checkpoints; a signal during the end phase lets it finish, except between
+    the replicates of ``fit.bootstrap``, which are kept (``bootstrap.json``) and reused."""
     cfg = as_options(cfg)
     cfg = from_dataset.complete(cfg)  # the dataset's grid, a named system's own defaults
     run = _prepare_fit(cfg, preemption)
@@ -206,7 +207,8 @@ def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -
             return run.finished
         staged = _run_stages(cfg, run, preemption)
         _save_fitted(run.out, staged)
-        summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead)
+        summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead,
+                                       stop=lambda what: _stop_if_signalled(preemption, what))
         summary = multistart.add_to_summary(summary, run.out, run.lead)
         fit_report.print_report(summary, staged)
         if cfg.run.plots and run.lead:

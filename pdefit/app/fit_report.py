@@ -7,6 +7,7 @@ evaluation, the fitted initial fields), the printed table and the plots (``loss.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -56,16 +57,18 @@ class StagedFit(NamedTuple):
     hold: frozenset[str] = frozenset()  # the parameters the last stage held
 
 
-def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path,
-              lead: bool) -> dict[str, Any]:
+def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path, lead: bool,
+              stop: Callable[[str], None] | None = None) -> dict[str, Any]:
     """The fit's summary, written to ``summary.json`` by the ``lead`` process: the parameter
     table with intervals, the discretization check, the system's own evaluation and the
-    initial fields (the last two print their reports)."""
+    initial fields (the last two print their reports). ``stop(what)`` is called between
+    bootstrap replicates (which ``out/bootstrap.json`` keeps), where a run may end."""
     problem, setup, theta = fit.setup.problem, fit.setup, fit.theta
     recovered = {k: float(v) for k, v in problem.scalar_values(theta).items()}
     uncertainty, curvature = _uncertainty(cfg, setup, theta, dataset)
     if cfg.fit.bootstrap and uncertainty.get("available"):
-        uncertainty = {**uncertainty, "bootstrap": _bootstrap(cfg, fit, uncertainty)}
+        uncertainty = {**uncertainty, "bootstrap": _bootstrap(cfg, fit, uncertainty,
+                                                              out / "bootstrap.json", stop)}
     rows = parameter_table(problem.layout.scalars, fit.first.start_values, recovered,
                            setup.reference,
                            {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
@@ -156,7 +159,8 @@ def stage_curvature(cfg: FitConfig, problem: Any) -> Any:
         raise ConfigError(f"optim: {err}") from None
 
 
-def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any]) -> dict[str, Any]:
+def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], store: Path,
+               stop: Callable[[str], None] | None) -> dict[str, Any]:
     """``fit.bootstrap`` replicates of the last stage's data at the intervals' noise level,
     each refitted as that stage was: from its start, with its optimiser and holds."""
     problem, batch = fit.setup.problem, fit.setup.batch
@@ -173,7 +177,7 @@ def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any]) -> d
     log.info(f"bootstrap: {cfg.fit.bootstrap} refits of the last stage on replicates of the data")
     fitted = bootstrap.replicates(problem, batch, start, fit.theta, sigma, cfg.fit.bootstrap,
                                   refit, start_params=problem.physical_params(fit.first.theta0),
-                                  log=log.info)
+                                  log=log.info, store=store, stop=stop)
     return bootstrap.summary(problem, fit.theta, fitted)
 
 

@@ -14,13 +14,18 @@ estimate estimates the estimator's bias there, and their spread its standard err
 The corrected estimate is the estimate minus that bias, in the fit's unconstrained
 coordinates (log for log-transformed parameters); its 95 % interval is ± t(0.975, n − 1) ×
 the replicates' standard deviation × √(1 + 1/n), the last factor for the noise of a bias
-estimated from n replicates. Refits cost a whole fit each.
+estimated from n replicates. Refits cost a whole fit each, so each finished replicate is
+kept in ``store`` (a JSON file written atomically): a run stopped between replicates (a
+preemption signal, ``stop``) or killed during one goes on from the replicates kept. Replicate
+i's noise depends on the seed and i alone, so the resumed result equals an uninterrupted one.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -30,6 +35,7 @@ from scipy import stats
 
 from pdefit.fitting import krylov
 from pdefit.fitting.problem import Batch, FitProblem
+from pdefit.runtime.checkpoint import write_json_atomic
 
 Refit = Callable[[Batch, Any], Any]  # (replicate batch, start θ) → fitted θ
 
@@ -115,20 +121,50 @@ def _same(value: Any, made: Any) -> bool:
 def replicates(problem: FitProblem, batch: Batch, theta0: Any, theta: Any,
                sigma: Mapping[str, float], count: int, refit: Refit, seed: int = 0,
                start_params: Mapping[str, Any] | None = None,
-               log: Callable[[str], None] = print) -> list[dict[str, float]]:
+               log: Callable[[str], None] = print, store: Path | None = None,
+               stop: Callable[[str], None] | None = None) -> list[dict[str, float]]:
     """The fitted shared scalars (unconstrained) of ``count`` replicates of the data at
-    ``theta``, each fitted by ``refit`` from ``theta0`` remade for it."""
+    ``theta``, each fitted by ``refit`` from ``theta0`` remade for it. With ``store``, those
+    of an earlier, interrupted call for the same estimate, noise and seed are reused and each
+    new one is saved; ``stop(what)`` is called before each new replicate (it may raise to end
+    the run, e.g. on a preemption signal)."""
     params = start_params if start_params is not None else problem.physical_params(theta0)
-    out = []
-    for index in range(count):
+    identity = _identity(problem, theta, sigma, seed)
+    out = _kept(store, identity, count, log)
+    for index in range(len(out), count):
+        if stop is not None:
+            stop(f"during the bootstrap ({index} of {count} replicates kept)")
         replicate = replicate_batch(problem, theta, batch, sigma,
                                     jax.random.fold_in(jax.random.PRNGKey(seed), index))
         replicate, start = rebased_start(problem, theta0, batch, replicate, params)
         fitted = refit(replicate, start)
         out.append({n: float(fitted["params"][n]) for n in problem.layout.scalars})
+        if store is not None and jax.process_index() == 0:  # one writer; all read it
+            write_json_atomic(store, {**identity, "replicates": out})
         log(f"bootstrap replicate {index + 1}/{count}: " + ", ".join(
             f"{n} {float(v):.5g}" for n, v in problem.scalar_values(fitted).items()))
     return out
+
+
+def _identity(problem: FitProblem, theta: Any, sigma: Mapping[str, float],
+              seed: int) -> dict[str, Any]:
+    """What kept replicates must share with this call: the estimate they replicate (its
+    shared scalars, unconstrained), the noise level and the seed."""
+    return {"estimate": {n: float(theta["params"][n]) for n in problem.layout.scalars},
+            "sigma": {f: float(v) for f, v in sigma.items()}, "seed": int(seed)}
+
+
+def _kept(store: Path | None, identity: dict[str, Any], count: int,
+          log: Callable[[str], None]) -> list[dict[str, float]]:
+    """The replicates kept in ``store`` for ``identity`` (at most ``count``), else none."""
+    if store is None or not store.exists():
+        return []
+    kept = json.loads(store.read_text())
+    if {k: kept.get(k) for k in identity} != identity:
+        log(f"bootstrap: {store.name} belongs to another estimate; its replicates are redone")
+        return []
+    log(f"bootstrap: {min(len(kept['replicates']), count)} replicate(s) kept from {store}")
+    return [dict(r) for r in kept["replicates"][:count]]
 
 
 def summary(problem: FitProblem, theta: Any, fitted: list[dict[str, float]],
