@@ -246,3 +246,31 @@ def test_s1s2_says_when_the_grid_is_too_small_for_a_spiral():
     params = {**parameter_values("TNNP"), "D": 0.1}
     with pytest.raises(ValueError, match="too small for a spiral"):
         system.initial_state(Grid((32, 32), (1.0, 1.0), NEUMANN), params, seed=0, dt=DT)
+
+
+def test_a_surrogate_derivative_keeps_the_sharp_model_and_sees_its_thresholds():
+    """``heaviside_gradient_width``: the rates are the sharp model's, but a threshold θw,
+    which enters only through H(u − θw), gets a derivative (zero for exact AD of the sharp
+    model) close to the finite difference of the summed rates over many cells spread across
+    it, where the staircase averages out."""
+    grid = Grid((64, 64), (1.0, 1.0))
+    u = jnp.linspace(0.0, 0.05, 64 * 64).reshape(64, 64)
+    state = {"u": u, "v": jnp.full_like(u, 0.6), "w": jnp.full_like(u, 0.8),
+             "s": jnp.full_like(u, 0.1)}
+    params = {k: jnp.asarray(v, jnp.float64) for k, v in parameter_values("TNNP").items()}
+    sharp, surrogate = BOCF("TNNP"), BOCF("TNNP", heaviside_gradient_width=0.002)
+
+    def summed(system, theta_w, field):
+        rates = system.rhs(state, {**params, "theta_w": theta_w}, 0.0, grid)
+        return jnp.sum(rates[field])
+
+    theta_w = params["theta_w"]
+    for field in ("u", "w"):
+        np.testing.assert_allclose(summed(surrogate, theta_w, field), summed(sharp, theta_w, field),
+                                   rtol=1e-12)
+        assert float(jax.grad(summed, 1)(sharp, theta_w, field)) == 0.0
+        derivative = float(jax.grad(summed, 1)(surrogate, theta_w, field))
+        h = 0.004  # many cells' crossings inside it
+        difference = float(summed(sharp, theta_w + h, field) - summed(sharp, theta_w - h, field)
+                           ) / (2 * h)
+        assert derivative == pytest.approx(difference, rel=0.2), field
