@@ -23,6 +23,9 @@ frames of the experiment's dataset (``--data``, made by ``benchmarks/realistic.p
   are the unconstrained ones divided by ``--reduced-scale``, so that a unit step of
   L-BFGS-B changes them by that much (a first measurement: docs/benchmarks.md, "A first
   outer optimiser over the parameters on φ");
+* ``--mode staged``: the parameters alone (the dense Levenberg–Marquardt, ``--param-steps``
+  steps per window, u_so and k_so held in the first as the experiment holds them) on the
+  first ``--stages`` frames in turn, the initial fields held where ``--start`` has them;
 * ``--mode schur``: ``--rounds`` times, ``--field-steps`` steps on the fields alone, then one
   Gauss–Newton step of the parameters on φ: the Schur complement S of the fields and the
   reduced gradient g (:func:`pdefit.fitting.marginal.marginal_parts`, its field solves at
@@ -85,7 +88,9 @@ def arguments() -> argparse.Namespace:
                         help="a run directory (fitted.npz) or a stage's checkpoint step")
     parser.add_argument("--data", type=Path, required=True, help="the dataset (Zarr)")
     parser.add_argument("--frames", type=int, default=None, help="window (default: all)")
-    parser.add_argument("--mode", choices=("alternate", "joint", "reduced", "schur"),
+    parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 6, 11, 21, 41, 101],
+                        help="--mode staged: the windows, in frames")
+    parser.add_argument("--mode", choices=("alternate", "joint", "reduced", "schur", "staged"),
                         default="alternate")
     parser.add_argument("--schur-iterations", type=int, default=200)
     parser.add_argument("--schur-damping", type=float, default=1e-3)
@@ -205,6 +210,30 @@ def schur_step(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
     return stepped, report
 
 
+def staged(args: argparse.Namespace, theta: Any, truth: dict[str, float], rows: list) -> None:
+    """``--mode staged`` (see the module docstring): each window's loss and errors in ``rows``."""
+    started = time.perf_counter()
+    for index, frames in enumerate(args.stages):
+        cfg, setup, _ = setup_for(argparse.Namespace(**{**vars(args), "frames": frames}))
+        problem = setup.problem
+        _, history = run_fit(problem.loss, theta, setup.batch,
+                             dataclasses.replace(cfg.optim, steps=args.param_steps),
+                             curvature=gn.curvature_function(problem),
+                             hold=["u_so", "k_so"] if index == 0 else [], progress=False,
+                             log=lambda _: None, layout=problem.layout)
+        theta = history.best_theta
+        err = errors(problem, theta, truth)
+        size = np.abs(list(err.values()))
+        rows.append({"part": f"{frames} frames", "loss": float(history.best_loss),
+                     "steps": len(history.losses), "stop": history.stop_reason,
+                     "mean_error": float(size.mean()), "median_error": float(np.median(size)),
+                     "errors": err, "wall_s": time.perf_counter() - started})
+        print(f"{frames:>9} frames: best {history.best_loss:.4e} ({len(history.losses)} steps, "
+              f"{history.stop_reason}), mean {100 * size.mean():.2f} %, median "
+              f"{100 * np.median(size):.2f} %, {rows[-1]['wall_s']:.0f} s | "
+              + " ".join(f"{k} {100 * v:+.1f}" for k, v in err.items()), flush=True)
+
+
 def main() -> None:
     args = arguments()
     use_compilation_cache()  # every run_fit call compiles its step again
@@ -236,10 +265,12 @@ def main() -> None:
         return state.theta
 
     record("start", theta)
+    if args.mode == "staged":
+        staged(args, theta, truth, rows)
     if args.mode == "reduced":
         theta = reduced(problem, batch, theta, args, lambda t, k: steps(t, k, matrix_free,
                                                                          names), record)
-    for r in range(args.rounds if args.mode != "reduced" else 0):
+    for r in range(args.rounds if args.mode not in ("reduced", "staged") else 0):
         if args.mode == "schur":
             theta = steps(theta, args.field_steps, matrix_free, names)
             record(f"{r}: fields", theta)
