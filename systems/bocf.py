@@ -278,6 +278,9 @@ class BOCF:
         for name in ("heaviside_width", "heaviside_gradient_width"):
             if not getattr(self, name) >= 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.heaviside_width and self.heaviside_gradient_width:
+            raise ValueError("heaviside_gradient_width is a derivative for the sharp model "
+                             "(heaviside_width 0); with a smoothed model set only one of them")
 
     @property
     def params(self) -> dict[str, ParamSpec]:

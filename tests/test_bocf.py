@@ -274,3 +274,5 @@ def test_a_surrogate_derivative_keeps_the_sharp_model_and_sees_its_thresholds():
         difference = float(summed(sharp, theta_w + h, field) - summed(sharp, theta_w - h, field)
                            ) / (2 * h)
         assert derivative == pytest.approx(difference, rel=0.2), field
+    with pytest.raises(ValueError, match="heaviside_gradient_width"):
+        BOCF("TNNP", heaviside_width=0.01, heaviside_gradient_width=0.01)
