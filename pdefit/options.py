@@ -200,6 +200,11 @@ class FitSpecConfig:
     hold: dict[str, int] | None = field(default_factory=dict)
     # Multiple shooting over the training window (segments: 1 = one trajectory).
     shooting: ShootingConfig = field(default_factory=ShootingConfig)
+    # After the last stage, this many more fits of the whole window, each with the fitted
+    # fields' background prior (regularization.field_background) moved to the previous fit's
+    # fields: proximal iterations that take the prior's pull towards a wrong first guess
+    # out of the estimate (0: the prior stays at the first guess).
+    recentre_background: int = 0
     # Standard errors and 95 % intervals of the fitted shared scalars after the fit
     # (pdefit.fitting.uncertainty): one forward-tangent sweep over the training window.
     uncertainty: bool = True

@@ -4,13 +4,20 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import voltage_only_setup, voltage_only_truth
+from hydra import compose, initialize_config_dir
 
-from pdefit.fitting import background, outcome, uncertainty
+from pdefit.app import cli
+from pdefit.app.config import as_options
+from pdefit.fitting import assemble, background, outcome, uncertainty
+from pdefit.options import ConfigError
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 SIGMA = 0.01
 
@@ -111,3 +118,44 @@ def test_the_fit_outcome_checks_only_a_sigma_it_can_trust():
     for other in ({**stats, "residual_at_roundoff": True}, {**stats, "sigma": None},
                   {**stats, "sigma_per_field": {"u": SIGMA}}, None):
         assert outcome._background(problem, theta, batch, other, None, lines.append) == {}
+
+
+def _voltage_only_config(tmp_path: Path, *overrides: str):
+    """ap_from_voltage made small: 16², 9 frames, u(0) and v(0) fitted with k and a."""
+    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
+        return compose(config_name="fit", overrides=[
+            "experiment=ap_from_voltage", f"run.dir={tmp_path}", "system.grid.shape=[16,16]",
+            "+system.options.initial=blobs",
+            "simulate.n_frames=9", "simulate.steps_per_frame=10", "fit.stages=null",
+            "run.progress=false", "run.plots=false", "fit.discretization_check.enabled=false",
+            *overrides])
+
+
+def test_a_recentred_background_takes_the_priors_pull_out_of_the_fit(tmp_path):
+    """fit.recentre_background=2: two more fits of the window, each with the prior centred on
+    the previous fit's fields. The last fit's prior sits at the fields of the one before
+    (its check measures the distance from there: a small last step), far from the system's
+    first guess, which a fit without the option keeps pulling towards."""
+    cfg = _voltage_only_config(tmp_path, "fit.recentre_background=2", "optim.steps=8",
+                               "regularization.field_background=1e-2")
+    summary = cli.fit(cfg)
+    assert [(tmp_path / f"stage-{i}" / "metrics.jsonl").exists() for i in range(4)] == [
+        True, True, True, False]
+    first_guess = assemble.build_fit(as_options(cfg), tmp_path / "data.zarr",
+                                     jnp.float64).batch.background["v"]
+    fitted = np.load(tmp_path / "fitted.npz")
+    row = summary["uncertainty"]["field_background"]["fields"]["v"]
+    moved = float(np.sqrt(np.mean((fitted["fields/v"] - np.asarray(first_guess)) ** 2)))
+    assert row["rms_from_background"] < 0.3 * moved, (row, moved)
+
+
+@pytest.mark.parametrize("overrides", [
+    ("fit.recentre_background=-1",),
+    ("fit.recentre_background=1", "regularization.field_background=0"),
+    ("fit.recentre_background=1", "fit.initial_fields={u: data, v: data}"),
+    ("fit.recentre_background=1", "fit.shooting.segments=2")])
+def test_a_recentred_background_without_one_to_move_is_refused(tmp_path, overrides):
+    with pytest.raises(ConfigError, match=r"fit\.recentre_background"):
+        cli.fit(_voltage_only_config(tmp_path, *overrides))
+    assert not (tmp_path / "config.yaml").exists()
+

@@ -49,7 +49,7 @@ from pdefit.app.validate import (
     validate_fit,
     validate_simulate,
 )
-from pdefit.fitting import assemble, multistart, shooting
+from pdefit.fitting import assemble, background, multistart, shooting
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
 from pdefit.fitting.ranking import format_ranking, rank_parameters, write_ranking
 from pdefit.fitting.train import FitHistory, TrainState, run_fit
@@ -149,9 +149,9 @@ def simulate(cfg: SimulateMainConfig) -> None:
 def window_stages(cfg: FitConfig, n_frames: int) -> list[list[int] | None]:
     """The training windows of a staged fit: ``fit.stages`` lists how many of the used frames
     each stage sees (increasing); the last stage always sees them all. Without stages: one
-    stage on ``data.frames`` as configured (``None``)."""
+    stage on ``data.frames`` as configured (``None``). Then ``fit.recentre_background`` more."""
     if not cfg.fit.stages:
-        return [None]
+        return [None] * (1 + cfg.fit.recentre_background)
     frames = list(range(n_frames)) if cfg.data.frames is None else list(cfg.data.frames)
     counts = [int(k) for k in cfg.fit.stages]
     if any(k < 2 for k in counts) or counts != sorted(set(counts)) or counts[-1] > len(frames):
@@ -159,7 +159,7 @@ def window_stages(cfg: FitConfig, n_frames: int) -> list[list[int] | None]:
             f"fit.stages must be increasing frame counts in [2, {len(frames)}], got {counts}")
     if counts[-1] != len(frames):
         counts.append(len(frames))
-    return [frames[:k] for k in counts]
+    return [frames[:k] for k in counts] + [frames] * cfg.fit.recentre_background
 
 
 def stage_holds(cfg: FitConfig, n_stages: int) -> list[frozenset[str]]:
@@ -279,6 +279,8 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
             stage_cfg.fit, shooting=dataclasses.replace(stage_cfg.fit.shooting,
                                                         segments=segments[index])))
         setup = assemble.build_fit(stage_cfg, run.dataset, run.dtype)
+        if index >= len(run.windows) - cfg.fit.recentre_background:  # the prior moved
+            setup = setup._replace(batch=background.recentred(setup.batch, theta))
         if theta is not None:  # the segments' starts from the run of the previous result
             theta = shooting.with_segments(setup.problem, theta, setup.batch)
         if first is None:  # before anything is compiled

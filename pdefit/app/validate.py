@@ -200,6 +200,7 @@ def _fit(cfg: FitConfig) -> None:
     _starts(cfg)
     _bootstrap(cfg)
     _shooting(cfg)
+    _recentre(cfg)
     validate_discretization_check(fit.discretization_check)
 
 
@@ -214,6 +215,22 @@ def _shooting(cfg: FitConfig) -> None:
                          or mesh.all_devices):
         raise ConfigError(f"fit.shooting.segments={segments}: multiple shooting runs on one "
                           "device; use mesh=single or fit.shooting.segments=1")
+
+
+def _recentre(cfg: FitConfig) -> None:
+    """``fit.recentre_background``: a count ≥ 0 of refits that move a background prior of
+    fitted fields, one trajectory each."""
+    count = _at_least("fit.recentre_background", cfg.fit.recentre_background, 0)
+    if not count:
+        return
+    fitted = [f for f, source in dict(cfg.fit.initial_fields or {}).items() if source == "fit"]
+    if not fitted or not cfg.regularization.field_background > 0:
+        raise ConfigError(f"fit.recentre_background={count} moves the background prior of "
+                          "fitted initial fields: it needs fit.initial_fields.<field>=fit and "
+                          "regularization.field_background > 0")
+    if cfg.fit.shooting.segments > 1:
+        raise ConfigError(f"fit.recentre_background={count} refits one trajectory; with "
+                          f"fit.shooting.segments={cfg.fit.shooting.segments} use 0")
 
 
 def _bootstrap(cfg: FitConfig) -> None:

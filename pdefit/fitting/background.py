@@ -104,3 +104,15 @@ def format_check(block: dict[str, Any]) -> list[str]:
             f"regularization.field_background = {block['matching_weight']:.2g} would make it as "
             "wide (a weaker prior leaves more to the optimiser: give it more steps)")
     return lines
+
+
+def recentred(batch: Batch, theta: Any) -> Batch:
+    """``batch`` with its background moved to the fitted fields of ``theta``: one step of the
+    proximal-point iteration (``fit.recentre_background``). Its fixed point is a stationary
+    point of the data misfit alone, where the data determine the fields; the directions they
+    leave to the prior stay where the last fit put them instead of being pulled back to the
+    first guess."""
+    fields = theta.get("fields", {})
+    return batch._replace(background={name: fields.get(name, value)
+                                      for name, value in batch.background.items()})
+
