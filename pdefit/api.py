@@ -23,7 +23,6 @@ import dataclasses
 import logging
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from importlib.resources import files
 from os import PathLike
 from pathlib import Path
@@ -36,7 +35,7 @@ import yaml
 from pdefit import data as zd
 from pdefit.app.config import typed_options
 from pdefit.app.validate import validate_discretization_check
-from pdefit.fitting import assemble, discretization, multistart, outcome, synthetic
+from pdefit.fitting import assemble, background, discretization, multistart, outcome, synthetic
 from pdefit.fitting import bootstrap as fit_bootstrap
 from pdefit.fitting import shooting as multiple_shooting
 from pdefit.fitting.krylov import curvature_for
@@ -69,6 +68,7 @@ __all__ = ["FitResult", "FitSetup", "build_problem", "fit", "get_system", "open_
            "simulate_dataset"]
 
 FitSetup = assemble.FitSetup
+FitResult = outcome.FitResult
 
 
 def get_system(name: str, **options: Any) -> System:
@@ -283,55 +283,6 @@ def _system_reference(system: System | str) -> tuple[str, dict[str, Any]]:
     return system_reference(system), options
 
 
-@dataclass(frozen=True)
-class FitResult:
-    """The outcome of :func:`fit`: ``params`` the fitted parameters in physical units (floats
-    for scalars, arrays otherwise) at the best loss, ``fields`` the fitted initial fields,
-    ``start`` and ``reference`` (true values, when the dataset has them) of the shared
-    scalars, ``losses`` per step, ``best_loss``, ``steps`` taken, ``theta`` the optimiser's
-    best point, the full :class:`~pdefit.fitting.train.FitHistory` and ``discretization``, the
-    discretization check (:func:`pdefit.fitting.discretization.check`; None when skipped).
-
-    As the command line's ``summary.json`` and ``status.json`` say them: ``stop_reason`` why
-    the optimiser stopped (``converged``, ``stalled``, ``steps_done``, ...), ``uncertainty``
-    the standard errors and 95 % intervals of the fitted shared scalars (the ``uncertainty``
-    block, :func:`pdefit.fitting.uncertainty.estimate`; None when skipped; see
-    :attr:`intervals`; with fitted initial fields also ``field_signal``, how many of each
-    field's values the data determine, :mod:`pdefit.fitting.signal`, and ``field_background``,
-    whether their background prior is as wide as their first guess is wrong,
-    :mod:`pdefit.fitting.background`) and ``residual`` the
-    verdict on the residual (noise, rounding, model error, ...:
-    :func:`pdefit.fitting.outcome.residual_verdict`; None when skipped)."""
-
-    params: dict[str, Any]
-    fields: dict[str, np.ndarray]
-    start: dict[str, float]
-    reference: dict[str, float] | None
-    losses: list[float]
-    best_loss: float
-    steps: int
-    theta: Any
-    history: FitHistory
-    discretization: dict[str, Any] | None = None
-    stop_reason: str = ""
-    uncertainty: dict[str, Any] | None = None
-    residual: dict[str, Any] | None = None
-
-    def relative_errors(self) -> dict[str, float]:
-        """|fitted − true| / |true| of each fitted scalar with a known nonzero truth."""
-        ref = self.reference or {}
-        return {k: abs(v - ref[k]) / abs(ref[k]) for k, v in self.params.items()
-                if isinstance(v, float) and ref.get(k)}
-
-    @property
-    def intervals(self) -> dict[str, tuple[float, float]]:
-        """The 95 % interval (low, high) of each fitted shared scalar that has one (those the
-        data do not determine have none; their flag is in ``uncertainty``)."""
-        rows = (self.uncertainty or {}).get("parameters") or {}
-        return {name: (row["ci95_low"], row["ci95_high"]) for name, row in rows.items()
-                if row.get("ci95_low") is not None}
-
-
 def optimizer_config(optimizer: str, steps: int | None = None, **options: Any) -> OptimConfig:
     """The optimiser settings of the command line's preset ``conf/optim/<optimizer>.yaml``
     (where there is one), with ``steps`` and ``options`` (fields of
@@ -352,7 +303,7 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
         progress: bool = False, run_dir: str | PathLike | None = None,
         discretization_check: bool | Mapping[str, Any] = True, uncertainty: bool = True,
         starts: int = 1, shooting: int = 1, continuity: float = 0.03, bootstrap: int = 0,
-        **options: Any) -> FitResult:
+        recentre: int = 0, **options: Any) -> FitResult:
     """Minimise ``setup``'s loss with ``optimizer`` (``lbfgs``, ``adam``, ``adamw``, ``sgd``,
     ``levenberg_marquardt``) for at most ``steps`` steps; ``options`` are further fields of
     :class:`pdefit.options.OptimConfig` (``lr``, ``grad_tol``, ``patience``, ...), the
@@ -373,9 +324,11 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     trajectory from their result, each up to ``steps`` steps (``fit.shooting`` in the CLI).
     ``bootstrap`` ≥ 2: then that many refits of the fitted model's data with fresh noise
     (:mod:`pdefit.fitting.bootstrap`): bias-corrected intervals, ``uncertainty["bootstrap"]``;
-    with ``run_dir`` each replicate is kept in its ``bootstrap.json`` and reused on a resume."""
+    with ``run_dir`` each replicate is kept in its ``bootstrap.json`` and reused on a resume.
+    ``recentre`` ≥ 1: after the fit, that many refits with the fitted fields' background prior
+    moved to the last result's fields (``fit.recentre_background``; ``run_dir/recentre-<i>``)."""
     cfg = optimizer_config(optimizer, steps, **options)
-    _check_counts(shooting, bootstrap, uncertainty)
+    _check_counts(shooting, bootstrap, uncertainty, recentre, setup)
     if starts > 1:
         setup, _ = multistart.choose(
             [setup, *(multistart.perturbed(setup, 0.5, 1.5, i) for i in range(1, starts))],
@@ -391,12 +344,8 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     if shooting > 1:
         theta0 = _shot(setup, cfg, multiple_shooting.Shooting(int(shooting), float(continuity)),
                        identity, out, progress)
-    state, history = run_fit(
-        problem.loss, theta0, setup.batch, cfg, describe=problem.scalar_values,
-        progress=progress, log=log.info, curvature=curvature, config=identity,
-        metrics_path=None if out is None else out / "metrics.jsonl",
-        checkpoint=None if out is None else CheckpointOptions(out / CHECKPOINT_DIR),
-        layout=problem.layout)
+    setup, state, history = _trained(setup, cfg, theta0, identity, out, progress, curvature,
+                                     int(recentre))
     theta = history.best_theta
     fitted, fields = _fitted_values(problem, theta)
     intervals, report, residual = _assessment(setup, theta, check, uncertainty)
@@ -419,10 +368,38 @@ def _identity(setup: FitSetup, cfg: OptimConfig) -> dict[str, Any]:
             "integrator": problem.integrator}
 
 
-def _check_counts(shooting: Any, bootstrap: Any, uncertainty: bool) -> None:
+def _trained(setup: FitSetup, cfg: OptimConfig, theta0: Any, identity: dict[str, Any],
+             out: Path | None, progress: bool, curvature: Any, recentre: int,
+             ) -> tuple[FitSetup, Any, FitHistory]:
+    """The fit from ``theta0`` (checkpointed in ``out``), then ``recentre`` refits, each from
+    the last best θ with the fields' prior centred there (in ``out/recentre-<i>``); the
+    setup of the last one with its state and history."""
+    problem = setup.problem
+    for index in range(recentre + 1):
+        within = out if out is None or index == 0 else out / f"recentre-{index}"
+        state, history = run_fit(
+            problem.loss, theta0, setup.batch, cfg, describe=problem.scalar_values,
+            progress=progress, log=log.info, curvature=curvature,
+            config={**identity, "recentre": index} if index else identity,
+            metrics_path=None if within is None else within / "metrics.jsonl",
+            checkpoint=None if within is None else CheckpointOptions(within / CHECKPOINT_DIR),
+            layout=problem.layout)
+        theta0 = history.best_theta
+        if index < recentre:
+            setup = setup._replace(batch=background.recentred(setup.batch, theta0))
+    return setup, state, history
+
+
+def _check_counts(shooting: Any, bootstrap: Any, uncertainty: bool, recentre: Any,
+                  setup: FitSetup) -> None:
     """:func:`fit`'s counts, refused before any work."""
     if int(shooting) != shooting or shooting < 1:
         raise ValueError(f"shooting must be a segment count >= 1, got {shooting!r}")
+    if int(recentre) != recentre or recentre < 0 or (
+            recentre and not background.available(setup.problem, setup.batch)):
+        raise ValueError(f"recentre must be a count >= 0 of refits that move the background "
+                         f"prior of fitted initial fields (regularization field_background > 0),"
+                         f" got {recentre!r}")
     if bootstrap and (int(bootstrap) != bootstrap or bootstrap < 2 or not uncertainty):
         raise ValueError(f"bootstrap must be 0 or a replicate count >= 2 with uncertainty=True "
                          f"(the replicates' noise is the fit's), got {bootstrap!r}")

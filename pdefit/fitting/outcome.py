@@ -2,18 +2,23 @@
 (:mod:`pdefit.app.fit_report`) and the Python API's ``FitResult`` (:func:`pdefit.fit`) alike:
 the fitted scalars' 95 % intervals with the curvature they come from
 (:mod:`pdefit.fitting.uncertainty`), and the verdict on the residual — is what the model does
-not explain the data's noise, their rounding, or more than that?
+not explain the data's noise, their rounding, or more than that? — and ``FitResult``, all
+of it together with the fitted values.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
 
 from pdefit.fitting import background, marginal, signal
 from pdefit.fitting.observe import NOISE_KEY
 from pdefit.fitting.problem import Batch, FitProblem
+from pdefit.fitting.train import FitHistory
 from pdefit.fitting.uncertainty import (
     CurvatureParts,
     curvature_parts,
@@ -196,3 +201,52 @@ def _noise_level_phrase(sigma: float, dof: float, n_values: int) -> str:
         return f"the recorded noise σ = {sigma:.3g}"
     return (f"the {expected:.3g} that the recorded noise σ = {sigma:.3g} leaves over "
             f"{dof:.4g} degrees of freedom of its {n_values} values")
+
+
+@dataclass(frozen=True)
+class FitResult:
+    """The outcome of :func:`fit`: ``params`` the fitted parameters in physical units (floats
+    for scalars, arrays otherwise) at the best loss, ``fields`` the fitted initial fields,
+    ``start`` and ``reference`` (true values, when the dataset has them) of the shared
+    scalars, ``losses`` per step, ``best_loss``, ``steps`` taken, ``theta`` the optimiser's
+    best point, the full :class:`~pdefit.fitting.train.FitHistory` and ``discretization``, the
+    discretization check (:func:`pdefit.fitting.discretization.check`; None when skipped).
+
+    As the command line's ``summary.json`` and ``status.json`` say them: ``stop_reason`` why
+    the optimiser stopped (``converged``, ``stalled``, ``steps_done``, ...), ``uncertainty``
+    the standard errors and 95 % intervals of the fitted shared scalars (the ``uncertainty``
+    block, :func:`pdefit.fitting.uncertainty.estimate`; None when skipped; see
+    :attr:`intervals`; with fitted initial fields also ``field_signal``, how many of each
+    field's values the data determine, :mod:`pdefit.fitting.signal`, and ``field_background``,
+    whether their background prior is as wide as their first guess is wrong,
+    :mod:`pdefit.fitting.background`) and ``residual`` the
+    verdict on the residual (noise, rounding, model error, ...:
+    :func:`pdefit.fitting.outcome.residual_verdict`; None when skipped)."""
+
+    params: dict[str, Any]
+    fields: dict[str, np.ndarray]
+    start: dict[str, float]
+    reference: dict[str, float] | None
+    losses: list[float]
+    best_loss: float
+    steps: int
+    theta: Any
+    history: FitHistory
+    discretization: dict[str, Any] | None = None
+    stop_reason: str = ""
+    uncertainty: dict[str, Any] | None = None
+    residual: dict[str, Any] | None = None
+
+    def relative_errors(self) -> dict[str, float]:
+        """|fitted − true| / |true| of each fitted scalar with a known nonzero truth."""
+        ref = self.reference or {}
+        return {k: abs(v - ref[k]) / abs(ref[k]) for k, v in self.params.items()
+                if isinstance(v, float) and ref.get(k)}
+
+    @property
+    def intervals(self) -> dict[str, tuple[float, float]]:
+        """The 95 % interval (low, high) of each fitted shared scalar that has one (those the
+        data do not determine have none; their flag is in ``uncertainty``)."""
+        rows = (self.uncertainty or {}).get("parameters") or {}
+        return {name: (row["ci95_low"], row["ci95_high"]) for name, row in rows.items()
+                if row.get("ci95_low") is not None}
