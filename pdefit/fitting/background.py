@@ -115,4 +115,3 @@ def recentred(batch: Batch, theta: Any) -> Batch:
     fields = theta.get("fields", {})
     return batch._replace(background={name: fields.get(name, value)
                                       for name, value in batch.background.items()})
-
