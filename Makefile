@@ -6,7 +6,8 @@ BIN := $(VENV)/bin
 # suite took 16.1 min against 18.0 min with whole files per process and about 22 serially.
 # tests/conftest.py shares compiled programs through the session's compilation cache: 576
 # tests in 15.4 min (pytest's count; 575 in 18.3 min without it, the session before); 586
-# (the parametric bootstrap's tests added) in 16.2 min, 587 (its kept replicates) in 16.3 min.
+# (the parametric bootstrap's tests added) in 16.2 min, 587 (its kept replicates) in 16.3 min;
+# 594 (re-centred priors) in 20.1 and 21.4 min, a slower host day (588 took 16.7 the day before).
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
