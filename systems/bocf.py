@@ -292,7 +292,7 @@ class BOCF:
         """Total ionic current J_fi + J_so + J_si and the gate targets/time constants."""
         u, v, w, s = state["u"], state["v"], state["w"], state["s"]
         width = self.heaviside_width
-        if self.heaviside_gradient_width and not width:
+        if self.heaviside_gradient_width:  # only with width 0 (__post_init__)
             heaviside = _sharp_with_smooth_derivative(self.heaviside_gradient_width)
         else:
             heaviside = functools.partial(_heaviside, width=width)
