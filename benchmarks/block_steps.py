@@ -35,6 +35,14 @@ frames of the experiment's dataset (``--data``, made by ``benchmarks/realistic.p
   δ with the way to the truth (unconstrained coordinates), then takes the step, halved until
   the loss is finite (the fields refitted by the next round's steps).
 
+Without ``--start`` the fit starts where the experiment starts (its perturbed parameters,
+the system's first guess of the fields); ``--simulate`` makes ``--data`` first (the
+experiment's recipe), and ``--fields-first 2 3 6 11 21`` fits the fields alone,
+``--prep-steps`` steps on each of those windows in turn, before the mode's own steps, as the
+experiment's held stages do (``benchmarks/gpu_reduced.sh`` runs the reduced search so in one
+GPU call). ``--budget-s`` ends the reduced search at its best point once that many seconds
+have passed since the script started.
+
 After each part: the loss on the window and every parameter's error against the dataset's
 truth. A diagnostic of the voltage-only BOCF fits (docs/benchmarks.md, "Why the long windows
 do not move the parameters"): it separates "the step cannot be resolved" from "the data do not
@@ -66,7 +74,7 @@ import jax.numpy as jnp
 import numpy as np
 
 # The sibling benchmark's config and noise overrides (this directory is on the path).
-from bocf_robustness import config, noise_overrides
+from bocf_robustness import config, noise_overrides, simulate
 from jax.flatten_util import ravel_pytree
 from scipy.optimize import minimize
 
@@ -84,9 +92,16 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--experiment", default="bocf_from_voltage")
     parser.add_argument("--grid", type=int, default=64)
     parser.add_argument("--sigma", type=float, default=0.02)
-    parser.add_argument("--start", type=Path, required=True,
+    parser.add_argument("--start", type=Path, default=None,
                         help="a run directory (fitted.npz) or a stage's checkpoint step")
-    parser.add_argument("--data", type=Path, required=True, help="the dataset (Zarr)")
+    parser.add_argument("--data", type=Path, required=True,
+                        help="the dataset (Zarr); with --simulate, <folder>/data.zarr to make")
+    parser.add_argument("--simulate", action="store_true",
+                        help="make --data first (the experiment's recipe, the overrides)")
+    parser.add_argument("--fields-first", type=int, nargs="+", default=[],
+                        help="windows (frames) on which the fields alone are fitted first")
+    parser.add_argument("--prep-steps", type=int, default=30,
+                        help="--fields-first: steps per window")
     parser.add_argument("--frames", type=int, default=None, help="window (default: all)")
     parser.add_argument("--stages", type=int, nargs="+", default=[2, 3, 6, 11, 21, 41, 101],
                         help="--mode staged: the windows, in frames")
@@ -95,6 +110,9 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--schur-iterations", type=int, default=200)
     parser.add_argument("--schur-damping", type=float, default=1e-3)
     parser.add_argument("--reduced-scale", type=float, default=0.1)
+    parser.add_argument("--budget-s", type=float, default=None,
+                        help="--mode reduced: start no evaluation this many seconds after "
+                             "the script started")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--param-steps", type=int, default=8)
     parser.add_argument("--field-steps", type=int, default=3)
@@ -107,8 +125,8 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def is_checkpoint(start: Path) -> bool:
-    return (start / "state").is_dir()
+def is_checkpoint(start: Path | None) -> bool:
+    return start is not None and (start / "state").is_dir()
 
 
 def setup_for(args: argparse.Namespace) -> Any:
@@ -118,7 +136,8 @@ def setup_for(args: argparse.Namespace) -> Any:
     overrides = [f"experiment={args.experiment}", f"system.grid.shape=[{args.grid},{args.grid}]",
                  *noise_overrides(args.sigma), f"data.path={args.data}", "fit.stages=null",
                  "fit.hold=null", f"data.frames=[{','.join(map(str, range(n)))}]",
-                 *([] if is_checkpoint(args.start) else [f"fit.start_from={args.start}"]),
+                 *([] if args.start is None or is_checkpoint(args.start)
+                   else [f"fit.start_from={args.start}"]),
                  *args.overrides]
     cfg = to_options(config(overrides), FitConfig)
     setup = assemble.build_fit(cfg, args.data, assemble.set_precision(cfg.precision))
@@ -153,6 +172,8 @@ def reduced(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
     state = {"best": (np.inf, theta), "count": 0}
 
     def phi(z: np.ndarray) -> tuple[float, np.ndarray]:
+        if args.deadline is not None and time.perf_counter() > args.deadline:
+            raise OutOfTimeError
         params = unravel(jnp.asarray(z * args.reduced_scale, flat.dtype))
         # From the best fields so far: a trial point's fields, fitted in a few steps to
         # parameters a line search then rejects, are a worse start than those.
@@ -165,9 +186,20 @@ def reduced(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
         g = np.asarray(ravel_pytree(gradient(fitted, batch)["params"])[0], np.float64)
         return loss, g * args.reduced_scale
 
-    minimize(phi, np.asarray(flat, np.float64) / args.reduced_scale, jac=True,
-             method="L-BFGS-B", options={"maxfun": args.rounds, "maxiter": args.rounds})
+    try:
+        minimize(phi, np.asarray(flat, np.float64) / args.reduced_scale, jac=True,
+                 method="L-BFGS-B", options={"maxfun": args.rounds, "maxiter": args.rounds,
+                                             # only the count or the budget ends the search:
+                                             # φ's gradient is small in these units
+                                             "gtol": 0.0, "ftol": 0.0})
+    except OutOfTimeError:
+        print(f"{'reduced':>16}: stopped after {state['count']} evaluations (--budget-s)",
+              flush=True)
     return state["best"][1]
+
+
+class OutOfTimeError(Exception):
+    """``--budget-s`` spent: the reduced search ends with its best point."""
 
 
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
@@ -234,9 +266,29 @@ def staged(args: argparse.Namespace, theta: Any, truth: dict[str, float], rows: 
               + " ".join(f"{k} {100 * v:+.1f}" for k, v in err.items()), flush=True)
 
 
+def fields_first(args: argparse.Namespace, theta: Any, names: list[str], record: Any) -> Any:
+    """``--fields-first``: the fields alone, ``--prep-steps`` steps on each window in turn."""
+    for frames in args.fields_first:
+        cfg, setup, _ = setup_for(argparse.Namespace(**{**vars(args), "frames": frames}))
+        _, history = run_fit(setup.problem.loss, theta, setup.batch,
+                             dataclasses.replace(cfg.optim, steps=args.prep_steps),
+                             curvature=krylov.MatrixFree(setup.problem), hold=names,
+                             progress=False, log=lambda _: None,
+                             layout=setup.problem.layout)
+        theta = history.best_theta
+        record(f"fields, {frames} fr", theta, f"its window {history.best_loss:.4e}, "
+               f"{len(history.losses)} steps ({history.stop_reason})")
+    return theta
+
+
 def main() -> None:
     args = arguments()
+    args.deadline = None if args.budget_s is None else time.perf_counter() + args.budget_s
     use_compilation_cache()  # every run_fit call compiles its step again
+    if args.simulate:
+        simulate([f"experiment={args.experiment}",
+                  f"system.grid.shape=[{args.grid},{args.grid}]", *args.overrides],
+                 args.sigma, args.data.parent)
     cfg, setup, theta = setup_for(args)
     problem, batch = setup.problem, setup.batch
     truth = {k: float(v) for k, v in zd.open_dataset(args.data).meta.true_params.items()}
@@ -246,16 +298,17 @@ def main() -> None:
         theta = at_truth(problem, theta, truth)
     started, rows = time.perf_counter(), []
 
-    def record(part: str, theta: Any) -> None:
+    def record(part: str, theta: Any, note: str = "") -> None:
         err = errors(problem, theta, truth)
         size = np.abs(list(err.values()))
         row = {"part": part, "loss": float(problem.loss(theta, batch)),
                "mean_error": float(size.mean()), "median_error": float(np.median(size)),
-               "errors": err, "wall_s": time.perf_counter() - started}
+               "errors": err, "wall_s": time.perf_counter() - started, "note": note}
         rows.append(row)
         print(f"{part:>16}: loss {row['loss']:.4e}, mean {100 * row['mean_error']:.2f} %, "
               f"median {100 * row['median_error']:.2f} %, {row['wall_s']:.0f} s | "
-              + " ".join(f"{k} {100 * v:+.1f}" for k, v in err.items()), flush=True)
+              + " ".join(f"{k} {100 * v:+.1f}" for k, v in err.items())
+              + (f" | {note}" if note else ""), flush=True)
 
     def steps(theta: Any, count: int, curvature: Any, hold: list[str]) -> Any:
         state, _ = run_fit(problem.loss, theta, batch,
@@ -265,6 +318,7 @@ def main() -> None:
         return state.theta
 
     record("start", theta)
+    theta = fields_first(args, theta, names, record)
     if args.mode == "staged":
         staged(args, theta, truth, rows)
     if args.mode == "reduced":
