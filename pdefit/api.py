@@ -344,13 +344,13 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     if shooting > 1:
         theta0 = _shot(setup, cfg, multiple_shooting.Shooting(int(shooting), float(continuity)),
                        identity, out, progress)
-    setup, state, history = _trained(setup, cfg, theta0, identity, out, progress, curvature,
-                                     int(recentre))
+    trained, state, history = _trained(setup, cfg, theta0, identity, out, progress, curvature,
+                                       int(recentre))
     theta = history.best_theta
     fitted, fields = _fitted_values(problem, theta)
-    intervals, report, residual = _assessment(setup, theta, check, uncertainty)
+    intervals, report, residual = _assessment(trained, theta, check, uncertainty)
     intervals = _bootstrapped(setup, cfg, curvature, theta, intervals, int(bootstrap),
-                              None if out is None else out / "bootstrap.json")
+                              None if out is None else out / "bootstrap.json", int(recentre))
     return FitResult(fitted, fields, dict(setup.start_values), setup.reference,
                      list(history.losses), float(history.best_loss), int(state.step), theta,
                      history, report, stop_reason=history.stop_reason,
@@ -407,22 +407,24 @@ def _check_counts(shooting: Any, bootstrap: Any, uncertainty: bool, recentre: An
 
 def _bootstrapped(setup: FitSetup, cfg: OptimConfig, curvature: Any, theta: Any,
                   intervals: dict[str, Any] | None, count: int,
-                  store: Path | None) -> dict[str, Any] | None:
+                  store: Path | None, recentre: int) -> dict[str, Any] | None:
     """``intervals`` with :func:`fit`'s ``bootstrap`` block (unchanged without a count or
     intervals): ``count`` replicates at the noise level the intervals used, each fitted
-    from the setup's start as the data were (kept in ``store`` for a resume)."""
+    from the setup's start as the data were, ``recentre`` refits included (kept in
+    ``store`` for a resume)."""
     if not count or intervals is None or not intervals.get("available"):
         return intervals
     problem = setup.problem
     observed = problem.observation.fields
     sigma = intervals.get("sigma_per_field") or {f: intervals["sigma"] for f in observed}
 
-    def refit(batch: Any, theta0: Any) -> Any:
+    def once(batch: Any, theta0: Any) -> Any:
         return run_fit(problem.loss, theta0, batch, cfg, progress=False, log=log.debug,
                        curvature=curvature, layout=problem.layout)[1].best_theta
 
     fitted = fit_bootstrap.replicates(problem, setup.batch, setup.theta0, theta, sigma, count,
-                                      refit, log=log.info, store=store)
+                                      background.with_recentring(once, once, recentre),
+                                      log=log.info, store=store)
     return {**intervals, "bootstrap": fit_bootstrap.summary(problem, theta, fitted)}
 
 

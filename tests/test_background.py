@@ -13,7 +13,7 @@ from helpers import voltage_only_setup, voltage_only_truth
 from hydra import compose, initialize_config_dir
 
 from pdefit.app import cli
-from pdefit.fitting import background, outcome, uncertainty
+from pdefit.fitting import background, bootstrap, outcome, uncertainty
 from pdefit.options import ConfigError
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
@@ -134,28 +134,46 @@ def test_the_command_line_recentres_the_background_after_the_last_stage(tmp_path
     """fit.recentre_background=2: two more fits of the whole window after the last stage, each
     with the fields' prior centred on the previous fit's best fields (the real
     background.recentred, watched): stage-1 on stage-0's result, stage-2 on stage-1's, which
-    is where stage-2 starts; the last fit is what fitted.npz holds."""
+    is where stage-2 starts; the last fit is what fitted.npz holds. With fit.bootstrap=2 each
+    replicate repeats that: the stage the re-centred refits followed, with the prior's
+    background remade from the replicate's own first frame (u: that frame; never the data's
+    moved background), then twice with it moved to its last result."""
     calls, recentred = [], background.recentred
 
     def watched(batch, theta):
         moved = recentred(batch, theta)
-        calls.append((theta, moved))
+        calls.append((batch, theta, moved))
         return moved
 
-    monkeypatch.setattr(cli.background, "recentred", watched)
-    cli.fit(_voltage_only_config(tmp_path, "fit.recentre_background=2", "optim.steps=4",
-                                 "fit.uncertainty=false", "regularization.field_background=1e-2"))
+    monkeypatch.setattr(background, "recentred", watched)
+    summary = cli.fit(_voltage_only_config(
+        tmp_path, "fit.recentre_background=2", "fit.bootstrap=2", "optim.steps=3",
+        "regularization.field_background=1e-2"))
     assert [(tmp_path / f"stage-{i}" / "metrics.jsonl").exists() for i in range(4)] == [
         True, True, True, False]
-    assert len(calls) == 2
-    for theta, moved in calls:
+    assert len(calls) == 2 + 2 * 2  # the fit's two, then two per replicate
+    fit_calls, replicate_calls = calls[:2], calls[2:]
+    for _, theta, moved in fit_calls:
         for name in ("u", "v"):
             np.testing.assert_array_equal(np.asarray(moved.background[name]),
                                           np.asarray(theta["fields"][name]))
-    first, second = (np.asarray(theta["fields"]["v"]) for theta, _ in calls)
+    first, second = (np.asarray(theta["fields"]["v"]) for _, theta, _ in fit_calls)
     assert np.abs(first - second).max() > 0  # stage-1 moved the fields it was centred on
     fitted = np.load(tmp_path / "fitted.npz")
     assert fitted["fields/v"].shape == first.shape
+    assert summary["uncertainty"]["bootstrap"]["replicates"] == 2
+    data_frame = np.asarray(bootstrap.first_frames(fit_calls[0][0])["u"])
+    for (batch, _, _), (again_batch, _, _) in zip(replicate_calls[::2], replicate_calls[1::2],
+                                                  strict=True):
+        own_frame = np.asarray(bootstrap.first_frames(batch)["u"])
+        np.testing.assert_array_equal(np.asarray(batch.background["u"]).ravel(),
+                                      own_frame.ravel())
+        assert not np.array_equal(own_frame, data_frame)  # fresh noise
+        for name in ("u", "v"):  # never the data's moved prior
+            for _, theta, _ in fit_calls:
+                assert not np.allclose(np.asarray(batch.background[name]),
+                                       np.asarray(theta["fields"][name]))
+        assert again_batch is batch  # both moves are of this replicate's own prior
 
 
 @pytest.mark.parametrize("overrides", [
@@ -170,20 +188,42 @@ def test_a_recentred_background_without_one_to_move_is_refused(tmp_path, overrid
 
 
 
-def test_the_python_api_recentres_the_background_too(tmp_path):
+def test_the_python_api_recentres_the_background_too(tmp_path, monkeypatch):
     """pdefit.fit(..., recentre=1): one refit after the fit with the prior centred on its
     fields (checkpointed in run_dir/recentre-1); the reported check then measures the last
-    refit's step, smaller than the fields' distance from their first guess. Without a
-    background prior to move the count is refused before any work."""
+    refit's step, smaller than the fields' distance from their first guess. The bootstrap's
+    replicates repeat the re-centring (the real background.recentred, watched): each refits
+    with the prior at its own first guess, then once with it moved, never from the data's
+    moved prior. Without a background prior to move the count is refused before any work."""
     import pdefit
 
     setup = voltage_only_setup(60)
     first_guess = np.asarray(setup.batch.background["v"])
     with pytest.raises(ValueError, match="recentre must be"):
         pdefit.fit(setup._replace(batch=setup.batch._replace(background={})), recentre=1)
+    calls, recentred = [], background.recentred
+
+    def watched(batch, theta):
+        calls.append((batch, theta))
+        return recentred(batch, theta)
+
+    monkeypatch.setattr(background, "recentred", watched)
     result = pdefit.fit(setup, optimizer="levenberg_marquardt", steps=4, initial_damping=1.0,
-                        discretization_check=False, recentre=1, run_dir=tmp_path)
+                        discretization_check=False, recentre=1, bootstrap=2, run_dir=tmp_path)
     assert (tmp_path / "recentre-1" / "metrics.jsonl").exists()
     row = result.uncertainty["field_background"]["fields"]["v"]
     moved = float(np.sqrt(np.mean((result.fields["v"] - first_guess) ** 2)))
     assert row["rms_from_background"] < 0.5 * moved, (row, moved)  # 1 without the refit
+    assert result.uncertainty["bootstrap"]["replicates"] == 2
+    assert len(calls) == 3  # the fit's one, then one per replicate
+    (data, fitted), *replicates = calls
+    np.testing.assert_array_equal(np.asarray(data.background["v"]), first_guess)
+    start = setup.problem.physical_params(setup.theta0)
+    for batch, _ in replicates:
+        own = bootstrap.first_guesses(setup.problem, batch, start)
+        for name in ("u", "v"):
+            np.testing.assert_allclose(np.asarray(batch.background[name]),
+                                       np.asarray(own[name]).reshape(batch.background[name].shape),
+                                       rtol=1e-6, atol=1e-9)
+            assert not np.allclose(np.asarray(batch.background[name]),
+                                   np.asarray(fitted["fields"][name]))

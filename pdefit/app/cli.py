@@ -50,7 +50,6 @@ from pdefit.app.validate import (
     validate_simulate,
 )
 from pdefit.fitting import assemble, background, multistart, shooting
-from pdefit.fitting.fitted import FITTED_FILE, save_fitted
 from pdefit.fitting.ranking import format_ranking, rank_parameters, write_ranking
 from pdefit.fitting.train import FitHistory, TrainState, run_fit
 from pdefit.options import FitConfig, SimulateMainConfig
@@ -206,7 +205,7 @@ def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -
         if run.finished is not None:
             return run.finished
         staged = _run_stages(cfg, run, preemption)
-        _save_fitted(run.out, staged)
+        fit_report.save_fitted_values(run.out, staged)
         summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead,
                                        stop=lambda what: _stop_if_signalled(preemption, what))
         summary = multistart.add_to_summary(summary, run.out, run.lead)
@@ -270,7 +269,8 @@ def _take_run_dir(cfg: FitConfig, out: Path, dtype: Any, lock: DirectoryLock,
 def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) -> StagedFit:
     """The optimiser on each training window in turn, each stage from the previous one's
     best θ, checkpointed in its own directory (``stage-<i>/`` when there are several)."""
-    theta, first, setup, results = None, None, None, []
+    theta, first, setup, results, base = None, None, None, [], None
+    recentring = cfg.fit.recentre_background  # the last stages, with the prior moved
     _, segments = shooting.stages(cfg.fit.shooting.segments, run.windows)
     for index, frames in enumerate(run.windows):
         stage_cfg = cfg if frames is None else dataclasses.replace(
@@ -279,7 +279,7 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
             stage_cfg.fit, shooting=dataclasses.replace(stage_cfg.fit.shooting,
                                                         segments=segments[index])))
         setup = assemble.build_fit(stage_cfg, run.dataset, run.dtype)
-        if index >= len(run.windows) - cfg.fit.recentre_background:  # the prior moved
+        if index >= len(run.windows) - recentring:
             setup = setup._replace(batch=background.recentred(setup.batch, theta))
         if theta is not None:  # the segments' starts from the run of the previous result
             theta = shooting.with_segments(setup.problem, theta, setup.batch)
@@ -293,6 +293,8 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
         stage_out = run.out if len(run.windows) == 1 else run.out / f"stage-{index}"
         stage_out.mkdir(parents=True, exist_ok=True)
         start = setup.theta0 if theta is None else theta
+        if recentring and index == len(run.windows) - recentring - 1:
+            base = (setup.batch, start, run.holds[index])  # for the bootstrap's replicates
         state, history = _fit_stage(stage_cfg, setup, stage_out, theta, run.windows, index,
                                     preemption, run.holds[index])
         theta = history.best_theta
@@ -303,7 +305,8 @@ def _run_stages(cfg: FitConfig, run: FitRun, preemption: PreemptionFlag | None) 
             log.info(f"stage {index + 1}/{len(run.windows)} ({counted} frames, "
                      f"{setup.problem.n_steps} steps{shot}): loss {history.losses[0]:.3e} → "
                      f"{history.best_loss:.3e}")
-    return _staged(run.windows, first, setup, results)._replace(start=start, hold=run.holds[-1])
+    return _staged(run.windows, first, setup, results)._replace(start=start, hold=run.holds[-1],
+                                                                recentre_base=base)
 
 
 def _staged(windows: list[list[int] | None], first: Any, last: Any,
@@ -364,14 +367,6 @@ def _fit_stage(cfg: FitConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
                    config=plain_config(cfg), status_path=out / "status.json",
                    curvature=curvature, preemption=preemption, hold=hold,
                    layout=problem.layout)
-
-
-def _save_fitted(out: Path, staged: StagedFit) -> None:
-    """fitted.npz: the last stage's best θ with the fitted parameters' physical values."""
-    problem = staged.setup.problem
-    physical = {k: v for k, v in problem.physical_params(staged.theta).items()
-                if k in problem.layout.fitted}
-    save_fitted(out / FITTED_FILE, staged.theta, physical)  # for pdefit-evaluate and fit.start_from
 
 
 @one_line_errors("pdefit-fit")

@@ -25,8 +25,9 @@ from pdefit.analysis.reports import (
     plot_fields,
     plot_loss,
 )
-from pdefit.fitting import bootstrap, discretization, outcome
+from pdefit.fitting import background, bootstrap, discretization, outcome
 from pdefit.fitting.assemble import ConfigError, FitSetup
+from pdefit.fitting.fitted import FITTED_FILE, save_fitted
 from pdefit.fitting.initial_fields import evaluate_initial_fields, format_errors
 from pdefit.fitting.krylov import curvature_for
 from pdefit.fitting.train import LEVENBERG_MARQUARDT, FitHistory, run_fit
@@ -55,6 +56,9 @@ class StagedFit(NamedTuple):
     nan_failures: int
     start: Any = None  # the last stage's start θ (None: its setup's theta0)
     hold: frozenset[str] = frozenset()  # the parameters the last stage held
+    # With fit.recentre_background: the batch (the data's background), start θ and holds of
+    # the stage the re-centred refits follow, which the bootstrap's replicates repeat.
+    recentre_base: tuple[Any, Any, frozenset[str]] | None = None
 
 
 def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path, lead: bool,
@@ -162,23 +166,41 @@ def stage_curvature(cfg: FitConfig, problem: Any) -> Any:
 def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], store: Path,
                stop: Callable[[str], None] | None) -> dict[str, Any]:
     """``fit.bootstrap`` replicates of the last stage's data at the intervals' noise level,
-    each refitted as that stage was: from its start, with its optimiser and holds."""
-    problem, batch = fit.setup.problem, fit.setup.batch
+    each refitted as that stage was: from its start, with its optimiser and holds. After
+    re-centred refits (``fit.recentre_background``) each replicate repeats them: the stage
+    they follow, with the prior's background remade from the replicate's own first frame,
+    then as many refits with it moved (a replicate started at the data's re-centred
+    background, near its own truth, would not see the prior's pull the data's fit saw)."""
+    problem = fit.setup.problem
     sigma = uncertainty.get("sigma_per_field") or {
         f: uncertainty["sigma"] for f in problem.observation.fields}
     curvature = stage_curvature(cfg, problem)
 
-    def refit(replicate: Any, theta0: Any) -> Any:
-        return run_fit(problem.loss, theta0, replicate, cfg.optim, progress=False,
-                       log=log.debug, curvature=curvature, hold=fit.hold,
-                       layout=problem.layout)[1].best_theta
+    def once(hold: frozenset[str]) -> bootstrap.Refit:
+        return lambda replicate, theta0: run_fit(
+            problem.loss, theta0, replicate, cfg.optim, progress=False, log=log.debug,
+            curvature=curvature, hold=hold, layout=problem.layout)[1].best_theta
 
-    start = fit.setup.theta0 if fit.start is None else fit.start
-    log.info(f"bootstrap: {cfg.fit.bootstrap} refits of the last stage on replicates of the data")
+    batch, start, hold = fit.recentre_base or (
+        fit.setup.batch, fit.setup.theta0 if fit.start is None else fit.start, fit.hold)
+    refit = background.with_recentring(once(hold), once(fit.hold),
+                                       cfg.fit.recentre_background)
+    log.info(f"bootstrap: {cfg.fit.bootstrap} refits of the last stage on replicates of the data"
+             + (f", each re-centred {cfg.fit.recentre_background} times"
+                if cfg.fit.recentre_background else ""))
     fitted = bootstrap.replicates(problem, batch, start, fit.theta, sigma, cfg.fit.bootstrap,
                                   refit, start_params=problem.physical_params(fit.first.theta0),
                                   log=log.info, store=store, stop=stop)
     return bootstrap.summary(problem, fit.theta, fitted)
+
+
+def save_fitted_values(out: Path, staged: StagedFit) -> None:
+    """fitted.npz (for pdefit-evaluate and fit.start_from): the last stage's best θ with the
+    fitted parameters' physical values."""
+    problem = staged.setup.problem
+    physical = {k: v for k, v in problem.physical_params(staged.theta).items()
+                if k in problem.layout.fitted}
+    save_fitted(out / FITTED_FILE, staged.theta, physical)
 
 
 def _discretization_check(cfg: FitConfig, setup: FitSetup, theta: Any,

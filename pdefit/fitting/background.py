@@ -31,6 +31,7 @@ prior's width; a refit with it is the user's choice, never made silently).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax.numpy as jnp
@@ -115,3 +116,17 @@ def recentred(batch: Batch, theta: Any) -> Batch:
     fields = theta.get("fields", {})
     return batch._replace(background={name: fields.get(name, value)
                                       for name, value in batch.background.items()})
+
+
+def with_recentring(first: Callable[[Batch, Any], Any], again: Callable[[Batch, Any], Any],
+                    passes: int) -> Callable[[Batch, Any], Any]:
+    """A refit ``(batch, θ₀) → θ`` that fits as a re-centred fit did (``fit.recentre_background``
+    = ``passes``; a bootstrap replicate repeats it): ``first`` from θ₀ with the batch's own
+    background, then ``passes`` times ``again`` from the last result with the background
+    moved to its fields (:func:`recentred`)."""
+    def refit(batch: Batch, theta0: Any) -> Any:
+        theta = first(batch, theta0)
+        for _ in range(passes):
+            theta = again(recentred(batch, theta), theta)
+        return theta
+    return refit
