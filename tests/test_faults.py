@@ -306,7 +306,9 @@ def drive(spec: dict[str, Any]) -> None:
     if phase == "simulate":
         _signal_on_call(assemble, "simulate_dataset", sig)
     elif phase == "end":
-        _signal_on_call(cli, "save_fitted", sig)
+        from pdefit.app import fit_report
+
+        _signal_on_call(fit_report, "save_fitted", sig)  # fitted.npz, the end phase's first
     if spec.get("kill_in_save") is not None:
         from test_resume import _kill_while_committing
 

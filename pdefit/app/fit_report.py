@@ -185,9 +185,10 @@ def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], stor
         fit.setup.batch, fit.setup.theta0 if fit.start is None else fit.start, fit.hold)
     refit = background.with_recentring(once(hold), once(fit.hold),
                                        cfg.fit.recentre_background)
-    log.info(f"bootstrap: {cfg.fit.bootstrap} refits of the last stage on replicates of the data"
-             + (f", each re-centred {cfg.fit.recentre_background} times"
-                if cfg.fit.recentre_background else ""))
+    log.info(f"bootstrap: {cfg.fit.bootstrap} replicates of the data, each refitted as "
+             + (f"the stage before the re-centred ones, then re-centred "
+                f"{cfg.fit.recentre_background} times" if cfg.fit.recentre_background
+                else "the last stage"))
     fitted = bootstrap.replicates(problem, batch, start, fit.theta, sigma, cfg.fit.bootstrap,
                                   refit, start_params=problem.physical_params(fit.first.theta0),
                                   log=log.info, store=store, stop=stop)
