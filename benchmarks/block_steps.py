@@ -122,7 +122,12 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--output", type=Path,
                         default=Path("benchmarks/results/block_steps.jsonl"))
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
-    return parser.parse_args()
+    args = parser.parse_args()
+    # bocf_robustness.simulate writes <folder>/data.zarr, replacing what is there: never a
+    # dataset this script did not just make.
+    if args.simulate and (args.data.name != "data.zarr" or args.data.exists()):
+        parser.error(f"--data {args.data}: with --simulate, a data.zarr that does not exist yet")
+    return args
 
 
 def is_checkpoint(start: Path | None) -> bool:

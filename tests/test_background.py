@@ -12,7 +12,7 @@ import pytest
 from helpers import voltage_only_setup, voltage_only_truth
 from hydra import compose, initialize_config_dir
 
-from pdefit.app import cli
+from pdefit.app import cli, fit_report
 from pdefit.fitting import background, bootstrap, outcome, uncertainty
 from pdefit.options import ConfigError
 
@@ -146,6 +146,14 @@ def test_the_command_line_recentres_the_background_after_the_last_stage(tmp_path
         return moved
 
     monkeypatch.setattr(background, "recentred", watched)
+    refits, run_fit = [], fit_report.run_fit  # the bootstrap's refits alone call it there
+
+    def recorded(loss, theta0, batch, cfg, **options):
+        done = run_fit(loss, theta0, batch, cfg, **options)
+        refits.append((theta0, done[1].best_theta))
+        return done
+
+    monkeypatch.setattr(fit_report, "run_fit", recorded)
     summary = cli.fit(_voltage_only_config(
         tmp_path, "fit.recentre_background=2", "fit.bootstrap=2", "optim.steps=5",
         "regularization.field_background=1e-2"))
@@ -178,6 +186,18 @@ def test_the_command_line_recentres_the_background_after_the_last_stage(tmp_path
                 assert not np.allclose(np.asarray(batch.background[name]),
                                        np.asarray(theta["fields"][name]))
         assert again_batch is batch  # both moves are of this replicate's own prior
+    # Each replicate: 1 + 2 refits, the first from the fit's start parameters (the stage the
+    # re-centred refits followed started there), each next one from the last one's result.
+    assert len(refits) == 2 * 3
+    start = {r["name"]: r["start"] for r in summary["parameters"]}
+    for index, (theta0, _) in enumerate(refits):
+        if index % 3 == 0:
+            assert float(np.exp(theta0["params"]["k"])) == pytest.approx(start["k"], rel=1e-9)
+        else:
+            previous = refits[index - 1][1]
+            for name in ("u", "v"):
+                np.testing.assert_array_equal(np.asarray(theta0["fields"][name]),
+                                              np.asarray(previous["fields"][name]))
 
 
 @pytest.mark.parametrize("overrides", [
