@@ -119,6 +119,30 @@ def test_kept_replicates_are_reused_only_for_the_same_estimate(tmp_path):
     assert "belongs to another estimate" in "\n".join(lines)
 
 
+def test_a_replicate_whose_refit_accepted_no_step_is_counted_and_warned_about():
+    """A refit that ends exactly at its start (no step accepted, as Levenberg–Marquardt with
+    too few steps can) is logged, counted as ``unmoved`` and warned about in the block;
+    records kept by an older store (no ``moved``) count as unknown, not unmoved."""
+    problem, batch, theta, _ = ap_problem(shape=(8, 8), n_steps=10, every=5, fitted=("k",),
+                                          observe=("u",))
+    lines = []
+
+    def refit(replicate, start):  # the first replicate stays at its start, the others move
+        if len(lines) == 0:
+            return start
+        return {**start, "params": {"k": start["params"]["k"] + 0.01 * len(lines)}}
+
+    fitted = bootstrap.replicates(problem, batch, theta, theta, {"u": 0.05}, 3, refit,
+                                  log=lines.append)
+    assert [f["moved"] for f in fitted] == [False, True, True]
+    assert "no step accepted" in lines[0] and "no step accepted" not in lines[1]
+    block = bootstrap.summary(problem, theta, fitted)
+    assert block["unmoved"] == 1
+    assert "warning: 1 of 3 refits accepted no step" in bootstrap.format_block(block)
+    older = bootstrap.summary(problem, theta, [{"k": f["k"]} for f in fitted])
+    assert older["unmoved"] == 0 and "warning" not in bootstrap.format_block(older)
+
+
 def test_the_correction_is_made_in_the_fits_coordinates_and_held_at_a_bound():
     """k is log-transformed: replicates at log k̂ + (0.1, 0.3) mean a bias of 0.2 in log k,
     so the corrected k is k̂ e^(−0.2); the interval is ± t(0.975, 1)·√(3/2) spreads around

@@ -193,7 +193,9 @@ def test_shooting_then_one_trajectory_recovers_a_voltage_only_fit():
 def test_python_api_shoots_then_fits_one_trajectory(tmp_path):
     """``pdefit.fit(shooting=3)`` on u frames in memory (noisy, v never recorded): the
     shooting stage checkpoints in ``run_dir/shooting``, the result is the one-trajectory fit
-    after it, with k and a near the truth and intervals."""
+    after it, with k and a near the truth. (The intervals after such a fit are those of any
+    one-trajectory fit with hidden fields, tested in test_krylov.py; skipped here, they took
+    half of this test's time.)"""
     import pdefit
 
     setup = voltage_only_setup(300)
@@ -201,9 +203,8 @@ def test_python_api_shoots_then_fits_one_trajectory(tmp_path):
         pdefit.fit(setup, optimizer="levenberg_marquardt", shooting=0)
     result = pdefit.fit(setup, optimizer="levenberg_marquardt", steps=10, initial_damping=1.0,
                         krylov_iterations=30, discretization_check=False, shooting=3,
-                        run_dir=tmp_path / "run")
+                        uncertainty=False, run_dir=tmp_path / "run")
     assert (tmp_path / "run" / "shooting" / "metrics.jsonl").exists()
     assert result.params["k"] == pytest.approx(8.0, rel=0.01)
     assert result.params["a"] == pytest.approx(0.15, rel=0.01)
-    assert result.uncertainty["available"], result.uncertainty
     assert "segments" not in result.theta

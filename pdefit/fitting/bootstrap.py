@@ -138,11 +138,16 @@ def replicates(problem: FitProblem, batch: Batch, theta0: Any, theta: Any,
                                     jax.random.fold_in(jax.random.PRNGKey(seed), index))
         replicate, start = rebased_start(problem, theta0, batch, replicate, params)
         fitted = refit(replicate, start)
-        out.append({n: float(fitted["params"][n]) for n in problem.layout.scalars})
+        values = {n: float(fitted["params"][n]) for n in problem.layout.scalars}
+        # A refit that accepted no step ends exactly at its start: its value describes the
+        # start, not the estimator, and summary() says how many did.
+        moved = any(values[n] != float(start["params"][n]) for n in values)
+        out.append({**values, "moved": moved})
         if store is not None and jax.process_index() == 0:  # one writer; all read it
             write_json_atomic(store, {**identity, "replicates": out})
         log(f"bootstrap replicate {index + 1}/{count}: " + ", ".join(
-            f"{n} {float(v):.5g}" for n, v in problem.scalar_values(fitted).items()))
+            f"{n} {float(v):.5g}" for n, v in problem.scalar_values(fitted).items())
+            + ("" if moved else " (no step accepted: the refit ended at its start)"))
     return out
 
 
@@ -172,7 +177,9 @@ def summary(problem: FitProblem, theta: Any, fitted: list[dict[str, float]],
     """The ``bootstrap`` block: per fitted shared scalar the estimated bias (also in units of
     the replicates' spread), the standard error (physical units, to first order at the
     corrected estimate), the corrected estimate and its interval; a corrected value beyond
-    the parameter's bounds is held at the bound (``at_bound``)."""
+    the parameter's bounds is held at the bound (``at_bound``). ``unmoved``: how many
+    replicates' refits accepted no step (their scalars are their start's; kept in the
+    statistics, since that is what the estimator did, but the block then warns)."""
     n = len(fitted)
     if n < 2:
         raise ValueError(f"a bootstrap needs at least 2 replicates, got {n}")
@@ -196,7 +203,9 @@ def summary(problem: FitProblem, theta: Any, fitted: list[dict[str, float]],
                       "std_error": abs(slope) * spread_z, "corrected": value,
                       "at_bound": value in (spec.lower, spec.upper),
                       "ci95_low": low, "ci95_high": high}
-    return {"replicates": n, "level": level, "quantile": quantile, "parameters": rows}
+    unmoved = sum(1 for f in fitted if f.get("moved") is False)  # older stores: unknown
+    return {"replicates": n, "level": level, "quantile": quantile, "unmoved": unmoved,
+            "parameters": rows}
 
 
 def format_block(block: Mapping[str, Any]) -> str:
@@ -211,4 +220,8 @@ def format_block(block: Mapping[str, Any]) -> str:
                      f"{row['corrected']:.6g} ± {row['std_error']:.3g}{bound}, "
                      f"{100 * block['level']:.0f} % interval [{row['ci95_low']:.6g}, "
                      f"{row['ci95_high']:.6g}]")
+    if block.get("unmoved"):
+        lines.append(f"  warning: {block['unmoved']} of {block['replicates']} refits accepted "
+                     "no step and ended at their start: the spread and bias above describe "
+                     "the start as much as the estimator (give the refits more steps)")
     return "\n".join(lines)
