@@ -324,7 +324,8 @@ def fit(setup: FitSetup, *, optimizer: str = "lbfgs", steps: int | None = None,
     trajectory from their result, each up to ``steps`` steps (``fit.shooting`` in the CLI).
     ``bootstrap`` ≥ 2: then that many refits of the fitted model's data with fresh noise
     (:mod:`pdefit.fitting.bootstrap`): bias-corrected intervals, ``uncertainty["bootstrap"]``;
-    with ``run_dir`` each replicate is kept in its ``bootstrap.json`` and reused on a resume.
+    with ``run_dir`` each replicate is kept in its ``bootstrap.json`` and reused on a resume,
+    and the one under way checkpoints in ``run_dir/bootstrap/`` (a signal stops it there).
     ``recentre`` ≥ 1: after the fit, that many refits with the fitted fields' background prior
     moved to the last result's fields (``fit.recentre_background``; ``run_dir/recentre-<i>``)."""
     cfg = optimizer_config(optimizer, steps, **options)
@@ -411,20 +412,24 @@ def _bootstrapped(setup: FitSetup, cfg: OptimConfig, curvature: Any, theta: Any,
     """``intervals`` with :func:`fit`'s ``bootstrap`` block (unchanged without a count or
     intervals): ``count`` replicates at the noise level the intervals used, each fitted
     from the setup's start as the data were, ``recentre`` refits included (kept in
-    ``store`` for a resume)."""
+    ``store`` for a resume; the one under way checkpoints beside it, in ``bootstrap/``)."""
     if not count or intervals is None or not intervals.get("available"):
         return intervals
     problem = setup.problem
     observed = problem.observation.fields
     sigma = intervals.get("sigma_per_field") or {f: intervals["sigma"] for f in observed}
 
-    def once(batch: Any, theta0: Any) -> Any:
+    def once(batch: Any, theta0: Any, where: Path | None) -> Any:
         return run_fit(problem.loss, theta0, batch, cfg, progress=False, log=log.debug,
-                       curvature=curvature, layout=problem.layout)[1].best_theta
+                       curvature=curvature, layout=problem.layout,
+                       checkpoint=None if where is None else CheckpointOptions(
+                           where / CHECKPOINT_DIR),
+                       config={"optim": dataclasses.asdict(cfg)})[1].best_theta
 
-    fitted = fit_bootstrap.replicates(problem, setup.batch, setup.theta0, theta, sigma, count,
-                                      background.with_recentring(once, once, recentre),
-                                      log=log.info, store=store)
+    fitted = fit_bootstrap.replicates(
+        problem, setup.batch, setup.theta0, theta, sigma, count,
+        background.with_recentring(once, once, recentre), log=log.info, store=store,
+        scratch=None if store is None else store.parent / "bootstrap")
     return {**intervals, "bootstrap": fit_bootstrap.summary(problem, theta, fitted)}
 
 

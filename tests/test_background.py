@@ -240,6 +240,8 @@ def test_the_python_api_recentres_the_background_too(tmp_path, monkeypatch):
     assert row["rms_from_background"] < 0.5 * moved, (row, moved)  # 1 without the refit
     assert result.uncertainty["bootstrap"]["replicates"] == 2
     assert result.uncertainty["bootstrap"]["parameters"]["k"]["std_error"] > 0  # refits moved
+    assert (tmp_path / "bootstrap.json").exists()
+    assert not (tmp_path / "bootstrap").exists()  # the refits' checkpoints, once kept
     assert len(calls) == 3  # the fit's one, then one per replicate
     (data, fitted), *replicates = calls
     np.testing.assert_array_equal(np.asarray(data.background["v"]), first_guess)

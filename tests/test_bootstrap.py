@@ -93,30 +93,48 @@ def test_a_replicates_first_guesses_are_made_as_the_datas_were():
 
 def test_kept_replicates_are_reused_only_for_the_same_estimate(tmp_path):
     """With a store, a second call refits only the replicates the first did not make, and
-    gives what one call would have; a store made for another estimate is not reused."""
+    gives what one call would have; a store made for another estimate is not reused. Each
+    replicate is refitted in its own scratch directory, removed once it is kept; one left
+    by an interrupted call is handed to the same replicate again, one of another estimate
+    is removed (and nothing else in the scratch directory)."""
     problem, batch, theta, _ = ap_problem(shape=(8, 8), n_steps=10, every=5, fitted=("k",),
                                           observe=("u",))
-    refits, lines = [], []
+    refits, lines, scratch = [], [], tmp_path / "bootstrap"
 
-    def refit(replicate, start):  # a stand-in fit: k moved by the replicate's mean noise
-        refits.append(1)
+    def refit(replicate, start, where):  # a stand-in fit: k moved by the replicate's noise
+        refits.append(None if where is None else (where.name, (where / "left").exists()))
+        if where is not None:
+            where.mkdir(parents=True, exist_ok=True)  # as a checkpointed fit would
         shift = jnp.mean(replicate.observed.values["u"] - batch.observed.values["u"])
         return {**start, "params": {"k": start["params"]["k"] + shift}}
 
-    def run(count, estimate, store):
+    def run(count, estimate, store, work=scratch):
         refits.clear()
         out = bootstrap.replicates(problem, batch, theta, estimate, {"u": 0.05}, count, refit,
-                                   log=lines.append, store=store)
+                                   log=lines.append, store=store, scratch=work)
         return out, len(refits)
 
     store = tmp_path / "bootstrap.json"
-    whole, _ = run(3, theta, None)
+    whole, _ = run(3, theta, None, None)
+    assert refits == [None] * 3
     assert run(2, theta, store) == (whole[:2], 2)
+    assert refits == [("replicate-0", False), ("replicate-1", False)]
+    assert not scratch.exists()  # both kept: their directories and the marker removed
+    scratch.mkdir()
+    (scratch / "mine.txt").write_text("not the bootstrap's")
+    bootstrap._scratch(scratch, bootstrap._identity(problem, theta, {"u": 0.05}, 0), print)
+    (scratch / "replicate-2").mkdir()
+    (scratch / "replicate-2" / "left").write_text("an interrupted refit's checkpoint")
     assert run(3, theta, store) == (whole, 1)
+    assert refits == [("replicate-2", True)]  # the interrupted refit's directory, handed on
     assert "bootstrap: 2 replicate(s) kept" in "\n".join(lines)
     other = {**theta, "params": {"k": theta["params"]["k"] + 0.01}}
+    (scratch / "replicate-1").mkdir()
+    (scratch / "replicate-1" / "left").write_text("this estimate's")
     assert run(3, other, store)[1] == 3
     assert "belongs to another estimate" in "\n".join(lines)
+    assert refits[1] == ("replicate-1", False)  # not resumed from another estimate's
+    assert (scratch / "mine.txt").read_text() == "not the bootstrap's"
 
 
 def test_a_replicate_whose_refit_accepted_no_step_is_counted_and_warned_about():
@@ -127,7 +145,7 @@ def test_a_replicate_whose_refit_accepted_no_step_is_counted_and_warned_about():
                                           observe=("u",))
     lines = []
 
-    def refit(replicate, start):  # the first replicate stays at its start, the others move
+    def refit(replicate, start, where):  # the first replicate stays at its start
         if len(lines) == 0:
             return start
         return {**start, "params": {"k": start["params"]["k"] + 0.01 * len(lines)}}
@@ -215,9 +233,10 @@ def test_bad_bootstrap_options_are_refused_naming_the_key(tmp_path, overrides, m
 def test_the_command_line_reports_a_bootstrap_and_resumes_it_after_a_signal(
         tmp_path, capsys, caplog, monkeypatch):
     """Two replicates of a small fit: summary.json holds the block and the report prints it.
-    A signal during the first replicate ends the run after it (status 75) with that replicate
-    kept in bootstrap.json; the same command then refits only the second, and the block
-    equals the uninterrupted run's to the last bit."""
+    A signal during the second replicate ends the run at its refit's next step (status 75),
+    with the first kept in bootstrap.json and the refit's checkpoint in bootstrap/; the same
+    command then goes on with the second from that step, and the block equals the
+    uninterrupted run's to the last bit."""
     options = ("fit.bootstrap=2", "optim=levenberg_marquardt", "optim.steps=3",
                "simulate.steps_per_frame=5", "fit.discretization_check.enabled=false")
     summary = cli.fit(_config(tmp_path / "whole", *options))
@@ -229,22 +248,33 @@ def test_the_command_line_reports_a_bootstrap_and_resumes_it_after_a_signal(
     assert "bootstrap (2 refits" in capsys.readouterr().out
     assert jnp.isfinite(jnp.asarray(summary["best_loss"]))
 
-    flag, made = PreemptionFlag(), bootstrap.replicate_batch
+    flag, made, calls = PreemptionFlag(), bootstrap.replicate_batch, []
 
-    def signalled(*args, **kwargs):  # the signal arrives while the first replicate is made
-        flag.request(signal.SIGTERM)
+    def signalled(*args, **kwargs):  # the signal arrives while the second replicate is made
+        calls.append(1)
+        if len(calls) == 2:
+            flag.request(signal.SIGTERM)
         return made(*args, **kwargs)
 
     monkeypatch.setattr(bootstrap, "replicate_batch", signalled)
     with pytest.raises(Preempted) as stopped:
         cli.fit(_config(tmp_path / "cut", *options), preemption=flag)
     assert stopped.value.code == 75
-    kept = json.loads((tmp_path / "cut" / "bootstrap.json").read_text())
-    assert len(kept["replicates"]) == 1 and not (tmp_path / "cut" / "summary.json").exists()
+    cut = tmp_path / "cut"
+    kept = json.loads((cut / "bootstrap.json").read_text())
+    assert len(kept["replicates"]) == 1 and not (cut / "summary.json").exists()
+    # The second replicate's refit stopped at its first step boundary, its anchor saved.
+    steps = [p.name for p in (cut / "bootstrap" / "replicate-1" / "refit-0" / "checkpoints")
+             .iterdir() if p.name.isdigit()]
+    assert len(steps) == 1, steps
+    assert not (cut / "bootstrap" / "replicate-0").exists()  # kept, so removed
     monkeypatch.setattr(bootstrap, "replicate_batch", made)
-    caplog.set_level(logging.INFO, logger="pdefit")
+    caplog.set_level(logging.DEBUG, logger="pdefit")
     caplog.clear()
     resumed = cli.fit(_config(tmp_path / "cut", *options))
     assert "bootstrap: 1 replicate(s) kept" in caplog.text
-    assert "bootstrap replicate 1/2" not in caplog.text  # only the second is refitted
+    assert "bootstrap replicate 1/2" not in caplog.text  # only the second is refitted,
+    assert (f"resuming from checkpoint step {steps[0]} in "  # from its checkpoint
+            f"{cut / 'bootstrap' / 'replicate-1' / 'refit-0'}") in caplog.text
+    assert not (cut / "bootstrap").exists()
     assert resumed["uncertainty"]["bootstrap"] == block

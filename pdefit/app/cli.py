@@ -196,8 +196,9 @@ def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -
 
     ``preemption`` (installed by ``fit_main`` for the whole process) is checked between the
     start-up phases, where stopping leaves nothing half-written, and handed to the optimiser
-    loop, which checkpoints; a signal during the end phase lets it finish, except between
-    the replicates of ``fit.bootstrap``, which are kept (``bootstrap.json``) and reused."""
+    loop, which checkpoints; a signal during the end phase lets it finish, except during
+    ``fit.bootstrap``, whose finished replicates are kept (``bootstrap.json``) and whose
+    refits checkpoint (``bootstrap/``), both reused."""
     cfg = as_options(cfg)
     cfg = from_dataset.complete(cfg)  # the dataset's grid, a named system's own defaults
     run = _prepare_fit(cfg, preemption)
@@ -207,7 +208,7 @@ def fit(cfg: FitConfig | DictConfig, preemption: PreemptionFlag | None = None) -
         staged = _run_stages(cfg, run, preemption)
         fit_report.save_fitted_values(run.out, staged)
         summary = fit_report.summarize(cfg, staged, run.dataset, run.out, run.lead,
-                                       stop=lambda what: _stop_if_signalled(preemption, what))
+                                       preemption)
         summary = multistart.add_to_summary(summary, run.out, run.lead)
         fit_report.print_report(summary, staged)
         if cfg.run.plots and run.lead:

@@ -7,7 +7,6 @@ evaluation, the fitted initial fields), the printed table and the plots (``loss.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -25,6 +24,7 @@ from pdefit.analysis.reports import (
     plot_fields,
     plot_loss,
 )
+from pdefit.app.config import plain
 from pdefit.fitting import background, bootstrap, discretization, outcome
 from pdefit.fitting.assemble import ConfigError, FitSetup
 from pdefit.fitting.fitted import FITTED_FILE, save_fitted
@@ -35,7 +35,8 @@ from pdefit.fitting.uncertainty import CurvatureParts
 from pdefit.model.system import field_attrs, image_origin, stepper, time_unit
 from pdefit.numerics.integrate import simulate
 from pdefit.options import FitConfig
-from pdefit.runtime.checkpoint import write_json_atomic
+from pdefit.runtime.checkpoint import CHECKPOINT_DIR, CheckpointOptions, write_json_atomic
+from pdefit.runtime.signals import PreemptionFlag
 
 log = logging.getLogger("pdefit")
 
@@ -62,17 +63,19 @@ class StagedFit(NamedTuple):
 
 
 def summarize(cfg: FitConfig, fit: StagedFit, dataset: Path, out: Path, lead: bool,
-              stop: Callable[[str], None] | None = None) -> dict[str, Any]:
+              preemption: PreemptionFlag | None = None) -> dict[str, Any]:
     """The fit's summary, written to ``summary.json`` by the ``lead`` process: the parameter
     table with intervals, the discretization check, the system's own evaluation and the
-    initial fields (the last two print their reports). ``stop(what)`` is called between
-    bootstrap replicates (which ``out/bootstrap.json`` keeps), where a run may end."""
+    initial fields (the last two print their reports). A ``preemption`` signal during the
+    bootstrap ends the run (status 75) between replicates (which ``out/bootstrap.json``
+    keeps) or, within a replicate's refit, once its checkpoint (``out/bootstrap/``) is on
+    disk; the same command goes on from there."""
     problem, setup, theta = fit.setup.problem, fit.setup, fit.theta
     recovered = {k: float(v) for k, v in problem.scalar_values(theta).items()}
     uncertainty, curvature = _uncertainty(cfg, setup, theta, dataset)
     if cfg.fit.bootstrap and uncertainty.get("available"):
-        uncertainty = {**uncertainty, "bootstrap": _bootstrap(cfg, fit, uncertainty,
-                                                              out / "bootstrap.json", stop)}
+        uncertainty = {**uncertainty, "bootstrap": _bootstrap(cfg, fit, uncertainty, out,
+                                                              preemption)}
     rows = parameter_table(problem.layout.scalars, fit.first.start_values, recovered,
                            setup.reference,
                            {n: problem.layout.specs[n].unit for n in problem.layout.scalars},
@@ -163,23 +166,32 @@ def stage_curvature(cfg: FitConfig, problem: Any) -> Any:
         raise ConfigError(f"optim: {err}") from None
 
 
-def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], store: Path,
-               stop: Callable[[str], None] | None) -> dict[str, Any]:
+def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], out: Path,
+               preemption: PreemptionFlag | None) -> dict[str, Any]:
     """``fit.bootstrap`` replicates of the last stage's data at the intervals' noise level,
     each refitted as that stage was: from its start, with its optimiser and holds. After
     re-centred refits (``fit.recentre_background``) each replicate repeats them: the stage
     they follow, with the prior's background remade from the replicate's own first frame,
     then as many refits with it moved (a replicate started at the data's re-centred
-    background, near its own truth, would not see the prior's pull the data's fit saw)."""
+    background, near its own truth, would not see the prior's pull the data's fit saw).
+    Kept replicates are in ``out/bootstrap.json``; the one under way checkpoints in
+    ``out/bootstrap/replicate-<i>``."""
     problem = fit.setup.problem
     sigma = uncertainty.get("sigma_per_field") or {
         f: uncertainty["sigma"] for f in problem.observation.fields}
     curvature = stage_curvature(cfg, problem)
 
     def once(hold: frozenset[str]) -> bootstrap.Refit:
-        return lambda replicate, theta0: run_fit(
+        return lambda replicate, theta0, where: run_fit(
             problem.loss, theta0, replicate, cfg.optim, progress=False, log=log.debug,
-            curvature=curvature, hold=hold, layout=problem.layout)[1].best_theta
+            curvature=curvature, hold=hold, layout=problem.layout, preemption=preemption,
+            checkpoint=None if where is None else CheckpointOptions(
+                where / CHECKPOINT_DIR, cfg.run.checkpoint_every),
+            config={"optim": plain(cfg.optim), "hold": sorted(hold)})[1].best_theta
+
+    def stop(what: str) -> None:
+        if preemption is not None:
+            preemption.stop_if_requested(what, log.warning)
 
     batch, start, hold = fit.recentre_base or (
         fit.setup.batch, fit.setup.theta0 if fit.start is None else fit.start, fit.hold)
@@ -191,7 +203,8 @@ def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], stor
                 else "the last stage"))
     fitted = bootstrap.replicates(problem, batch, start, fit.theta, sigma, cfg.fit.bootstrap,
                                   refit, start_params=problem.physical_params(fit.first.theta0),
-                                  log=log.info, store=store, stop=stop)
+                                  log=log.info, store=out / "bootstrap.json", stop=stop,
+                                  scratch=out / "bootstrap")
     return bootstrap.summary(problem, fit.theta, fitted)
 
 

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import jax.numpy as jnp
@@ -118,15 +119,22 @@ def recentred(batch: Batch, theta: Any) -> Batch:
                                       for name, value in batch.background.items()})
 
 
-def with_recentring(first: Callable[[Batch, Any], Any], again: Callable[[Batch, Any], Any],
-                    passes: int) -> Callable[[Batch, Any], Any]:
-    """A refit ``(batch, θ₀) → θ`` that fits as a re-centred fit did (``fit.recentre_background``
-    = ``passes``; a bootstrap replicate repeats it): ``first`` from θ₀ with the batch's own
-    background, then ``passes`` times ``again`` from the last result with the background
-    moved to its fields (:func:`recentred`)."""
-    def refit(batch: Batch, theta0: Any) -> Any:
-        theta = first(batch, theta0)
-        for _ in range(passes):
-            theta = again(recentred(batch, theta), theta)
+# A fit (batch, θ₀, a directory it may checkpoint in or None) → θ, as a bootstrap's refit.
+Refit = Callable[[Batch, Any, Path | None], Any]
+
+
+def with_recentring(first: Refit, again: Refit, passes: int) -> Refit:
+    """A refit ``(batch, θ₀, where) → θ`` that fits as a re-centred fit did
+    (``fit.recentre_background`` = ``passes``; a bootstrap replicate repeats it): ``first``
+    from θ₀ with the batch's own background, then ``passes`` times ``again`` from the last
+    result with the background moved to its fields (:func:`recentred`); fit i checkpoints in
+    ``where/refit-<i>`` (none without ``where``)."""
+    def refit(batch: Batch, theta0: Any, where: Path | None) -> Any:
+        def within(index: int) -> Path | None:
+            return None if where is None else where / f"refit-{index}"
+
+        theta = first(batch, theta0, within(0))
+        for index in range(1, passes + 1):
+            theta = again(recentred(batch, theta), theta, within(index))
         return theta
     return refit

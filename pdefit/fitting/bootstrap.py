@@ -16,7 +16,10 @@ coordinates (log for log-transformed parameters); its 95 % interval is ± t(0.97
 the replicates' standard deviation × √(1 + 1/n), the last factor for the noise of a bias
 estimated from n replicates. Refits cost a whole fit each, so each finished replicate is
 kept in ``store`` (a JSON file written atomically): a run stopped between replicates (a
-preemption signal, ``stop``) or killed during one goes on from the replicates kept. Replicate
+preemption signal, ``stop``) or killed during one goes on from the replicates kept. With
+``scratch`` the refits of the replicate under way checkpoint there too, so that a signal
+during one (a replicate after re-centred refits is several whole fits, longer than a
+cluster's grace period) stops it within a step and the run goes on from that step. Replicate
 i's noise depends on the seed and i alone, so the resumed result equals an uninterrupted one.
 """
 
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,10 +38,9 @@ import numpy as np
 from scipy import stats
 
 from pdefit.fitting import krylov
+from pdefit.fitting.background import Refit
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.runtime.checkpoint import write_json_atomic
-
-Refit = Callable[[Batch, Any], Any]  # (replicate batch, start θ) → fitted θ
 
 
 def replicate_batch(problem: FitProblem, theta: Any, batch: Batch,
@@ -122,22 +125,27 @@ def replicates(problem: FitProblem, batch: Batch, theta0: Any, theta: Any,
                sigma: Mapping[str, float], count: int, refit: Refit, seed: int = 0,
                start_params: Mapping[str, Any] | None = None,
                log: Callable[[str], None] = print, store: Path | None = None,
-               stop: Callable[[str], None] | None = None) -> list[dict[str, float]]:
+               stop: Callable[[str], None] | None = None,
+               scratch: Path | None = None) -> list[dict[str, float]]:
     """The fitted shared scalars (unconstrained) of ``count`` replicates of the data at
     ``theta``, each fitted by ``refit`` from ``theta0`` remade for it. With ``store``, those
     of an earlier, interrupted call for the same estimate, noise and seed are reused and each
     new one is saved; ``stop(what)`` is called before each new replicate (it may raise to end
-    the run, e.g. on a preemption signal)."""
+    the run, e.g. on a preemption signal). With ``scratch``, replicate i is refitted in
+    ``scratch/replicate-<i>`` (its checkpoints, resumed by the next call for the same
+    estimate), removed once the replicate is kept."""
     params = start_params if start_params is not None else problem.physical_params(theta0)
     identity = _identity(problem, theta, sigma, seed)
     out = _kept(store, identity, count, log)
+    work = _scratch(scratch, identity, log)
     for index in range(len(out), count):
         if stop is not None:
             stop(f"during the bootstrap ({index} of {count} replicates kept)")
         replicate = replicate_batch(problem, theta, batch, sigma,
                                     jax.random.fold_in(jax.random.PRNGKey(seed), index))
         replicate, start = rebased_start(problem, theta0, batch, replicate, params)
-        fitted = refit(replicate, start)
+        where = None if work is None else work / f"replicate-{index}"
+        fitted = refit(replicate, start, where)
         values = {n: float(fitted["params"][n]) for n in problem.layout.scalars}
         # A refit that accepted no step ends exactly at its start: its value describes the
         # start, not the estimator, and summary() says how many did.
@@ -145,10 +153,35 @@ def replicates(problem: FitProblem, batch: Batch, theta0: Any, theta: Any,
         out.append({**values, "moved": moved})
         if store is not None and jax.process_index() == 0:  # one writer; all read it
             write_json_atomic(store, {**identity, "replicates": out})
+        if where is not None and jax.process_index() == 0:  # kept: its checkpoints are done
+            shutil.rmtree(where, ignore_errors=True)
         log(f"bootstrap replicate {index + 1}/{count}: " + ", ".join(
             f"{n} {float(v):.5g}" for n, v in problem.scalar_values(fitted).items())
             + ("" if moved else " (no step accepted: the refit ended at its start)"))
+    if work is not None and jax.process_index() == 0:
+        (work / "identity.json").unlink(missing_ok=True)
+        if not any(work.iterdir()):
+            work.rmdir()
     return out
+
+
+def _scratch(scratch: Path | None, identity: dict[str, Any],
+             log: Callable[[str], None]) -> Path | None:
+    """``scratch``, made for ``identity``: the replicates' checkpoints an earlier call left
+    there for another estimate (the directories this module names, nothing else) removed."""
+    if scratch is None:
+        return None
+    marker = scratch / "identity.json"
+    if jax.process_index() == 0:
+        left = sorted(scratch.glob("replicate-*")) if scratch.is_dir() else []
+        if left and (not marker.exists() or json.loads(marker.read_text()) != identity):
+            log(f"bootstrap: the checkpoints in {scratch} belong to another estimate; "
+                "removed")
+            for directory in left:
+                shutil.rmtree(directory, ignore_errors=True)
+        scratch.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(marker, identity)
+    return scratch
 
 
 def _identity(problem: FitProblem, theta: Any, sigma: Mapping[str, float],
