@@ -125,8 +125,10 @@ def test_kept_replicates_are_reused_only_for_the_same_estimate(tmp_path):
     bootstrap._scratch(scratch, bootstrap._identity(problem, theta, {"u": 0.05}, 0), print)
     (scratch / "replicate-2").mkdir()
     (scratch / "replicate-2" / "left").write_text("an interrupted refit's checkpoint")
+    (scratch / "replicate-0").mkdir()  # a kept one's, left by a kill while it was removed
     assert run(3, theta, store) == (whole, 1)
     assert refits == [("replicate-2", True)]  # the interrupted refit's directory, handed on
+    assert sorted(p.name for p in scratch.iterdir()) == ["mine.txt"]
     assert "bootstrap: 2 replicate(s) kept" in "\n".join(lines)
     other = {**theta, "params": {"k": theta["params"]["k"] + 0.01}}
     (scratch / "replicate-1").mkdir()

@@ -159,6 +159,8 @@ def replicates(problem: FitProblem, batch: Batch, theta0: Any, theta: Any,
             f"{n} {float(v):.5g}" for n, v in problem.scalar_values(fitted).items())
             + ("" if moved else " (no step accepted: the refit ended at its start)"))
     if work is not None and jax.process_index() == 0:
+        for index in range(count):  # one a kill left while it was being removed, too
+            shutil.rmtree(work / f"replicate-{index}", ignore_errors=True)
         (work / "identity.json").unlink(missing_ok=True)
         if not any(work.iterdir()):
             work.rmdir()
