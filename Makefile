@@ -9,7 +9,9 @@ BIN := $(VENV)/bin
 # (the parametric bootstrap's tests added) in 16.2 min, 587 (its kept replicates) in 16.3 min;
 # 594 (re-centred priors) in 20.1 and 21.4 min: the six new tests take about 65 s of CPU,
 # the rest of the rise from 16.7 min (588, the session before) was not investigated; 594
-# again (the re-centring tests now run a bootstrap too, about 100 s more CPU) in 20.6 min.
+# again (the re-centring tests now run a bootstrap too, about 100 s more CPU) in 20.6 min;
+# 595 (the bootstrap's checkpointed refits; test_shooting's API test without intervals,
+# 61 → 37 s alone) in 24.9 and 32.4 min beside a 2-core benchmark, not measured quiet.
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
