@@ -122,13 +122,14 @@ def test_kept_replicates_are_reused_only_for_the_same_estimate(tmp_path):
     assert not scratch.exists()  # both kept: their directories and the marker removed
     scratch.mkdir()
     (scratch / "mine.txt").write_text("not the bootstrap's")
+    (scratch / "replicate-notes").mkdir()  # not a name the bootstrap makes
     bootstrap._scratch(scratch, bootstrap._identity(problem, theta, {"u": 0.05}, 0), print)
     (scratch / "replicate-2").mkdir()
     (scratch / "replicate-2" / "left").write_text("an interrupted refit's checkpoint")
     (scratch / "replicate-0").mkdir()  # a kept one's, left by a kill while it was removed
     assert run(3, theta, store) == (whole, 1)
     assert refits == [("replicate-2", True)]  # the interrupted refit's directory, handed on
-    assert sorted(p.name for p in scratch.iterdir()) == ["mine.txt"]
+    assert sorted(p.name for p in scratch.iterdir()) == ["mine.txt", "replicate-notes"]
     assert "bootstrap: 2 replicate(s) kept" in "\n".join(lines)
     other = {**theta, "params": {"k": theta["params"]["k"] + 0.01}}
     (scratch / "replicate-1").mkdir()
@@ -137,6 +138,7 @@ def test_kept_replicates_are_reused_only_for_the_same_estimate(tmp_path):
     assert "belongs to another estimate" in "\n".join(lines)
     assert refits[1] == ("replicate-1", False)  # not resumed from another estimate's
     assert (scratch / "mine.txt").read_text() == "not the bootstrap's"
+    assert (scratch / "replicate-notes").is_dir()
 
 
 def test_a_replicate_whose_refit_accepted_no_step_is_counted_and_warned_about():

@@ -126,9 +126,10 @@ def replicates(problem: FitProblem, batch: Batch, theta0: Any, theta: Any,
                start_params: Mapping[str, Any] | None = None,
                log: Callable[[str], None] = print, store: Path | None = None,
                stop: Callable[[str], None] | None = None,
-               scratch: Path | None = None) -> list[dict[str, float]]:
+               scratch: Path | None = None) -> list[dict[str, Any]]:
     """The fitted shared scalars (unconstrained) of ``count`` replicates of the data at
-    ``theta``, each fitted by ``refit`` from ``theta0`` remade for it. With ``store``, those
+    ``theta``, each fitted by ``refit`` from ``theta0`` remade for it, with ``moved``: whether
+    they left their start. With ``store``, those
     of an earlier, interrupted call for the same estimate, noise and seed are reused and each
     new one is saved; ``stop(what)`` is called before each new replicate (it may raise to end
     the run, e.g. on a preemption signal). With ``scratch``, replicate i is refitted in
@@ -175,7 +176,8 @@ def _scratch(scratch: Path | None, identity: dict[str, Any],
         return None
     marker = scratch / "identity.json"
     if jax.process_index() == 0:
-        left = sorted(scratch.glob("replicate-*")) if scratch.is_dir() else []
+        left = sorted(p for p in scratch.glob("replicate-*")
+                      if p.name.removeprefix("replicate-").isdigit()) if scratch.is_dir() else []
         if left and (not marker.exists() or json.loads(marker.read_text()) != identity):
             log(f"bootstrap: the checkpoints in {scratch} belong to another estimate; "
                 "removed")
