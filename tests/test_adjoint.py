@@ -250,3 +250,41 @@ def test_chain_with_time_dependent_forcing_parameter():
     got = jax.grad(lambda t: Revolve(3).loss(chain, x0, t, data, n_steps))(theta)
     assert relative_error(got, ref) <= 1e-12
     assert np.all(np.abs(np.asarray(ref["forcing"])) > 0)
+
+
+@pytest.mark.parametrize("executor", ["segments", "branch_free"])
+def test_revolve_linearises_only_the_leaves_a_derivative_is_taken_of(executor):
+    """A leaf of θ held fixed (here a table the step reads through a host callback, which has
+    no derivative rule at all) is never linearised by the reversal: the gradient in the other
+    leaves equals store-all's, and so does the gradient in the initial state alone."""
+    n_steps, shape = 23, (4, 6)
+    table = np.linspace(0.0, 1.0, shape[0] * shape[1]).reshape(shape)
+
+    def lookup(t):  # no JVP or VJP: linearising it would raise
+        return jax.pure_callback(lambda a: np.asarray(a) ** 2,
+                                 jax.ShapeDtypeStruct(shape, t.dtype), t)
+
+    def step(x, theta, n):
+        return x + 0.05 * (jnp.tanh(x) * theta["rate"] + lookup(theta["table"]) * theta["gain"])
+
+    def cost(x, theta, n, data):
+        return jnp.where(n % 4 == 0, jnp.sum((x - data[n // 4]) ** 2), 0.0)
+
+    chain = LossChain(step, cost)
+    x0 = jnp.full(shape, 0.1)
+    data = jnp.ones((n_steps // 4 + 1, *shape))
+    theta = {"rate": jnp.asarray(0.3), "gain": jnp.asarray(0.7), "table": jnp.asarray(table)}
+    revolve = Revolve(3, executor)
+
+    def by(schedule, x, free):
+        return schedule.loss(chain, x, {**theta, **free}, data, n_steps)
+
+    free = {"rate": theta["rate"], "gain": theta["gain"]}
+    ref = jax.grad(lambda f: by(StoreAll(), x0, f))(free)
+    got = jax.jit(jax.grad(lambda f: by(revolve, x0, f)))(free)
+    assert relative_error(got, ref) <= 1e-12
+    ref_x0 = jax.grad(lambda x: by(StoreAll(), x, {}))(x0)
+    got_x0 = jax.jit(jax.grad(lambda x: by(revolve, x, {})))(x0)
+    assert relative_error(got_x0, ref_x0) <= 1e-12
+    with pytest.raises(ValueError, match="Pure callbacks do not support"):  # the table itself
+        jax.grad(lambda t: by(revolve, x0, {"table": t}))(theta["table"])

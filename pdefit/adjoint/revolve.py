@@ -17,6 +17,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.custom_derivatives import SymbolicZero
 
 from pdefit.adjoint.chain import Data, LossChain, State, Theta, store_all_loss, zero_cost
 from pdefit.adjoint.plan import RevolvePlan, Segments, revolve_ticks, segments
@@ -76,10 +77,42 @@ def _zero_cotangent(a):
     return np.zeros(a.shape, dtype=jax.dtypes.float0)
 
 
+def _is_none(a: Any) -> bool:
+    return a is None
+
+
+def _merged(free: Theta, fixed: Theta) -> Theta:
+    """θ from its two parts (see :func:`_custom_loss`): each leaf from whichever holds it."""
+    return jax.tree.map(lambda a, b: b if a is None else a, free, fixed, is_leaf=_is_none)
+
+
 def _custom_loss(primal: Callable, forward: Callable, backward: Callable) -> Callable:
-    """``primal`` as a ``jax.custom_vjp`` with ``forward`` and ``backward`` as its rules."""
+    """``primal`` as a ``jax.custom_vjp`` with ``forward`` and ``backward`` as its rules.
+
+    θ reaches the rules in two parts of its shape, ``free`` (the leaves a derivative is taken
+    of, None at the others) and ``fixed`` (the rest, None at the free ones), from JAX's
+    symbolic zeros: ``forward(x0, free, fixed, data)``, and ``backward`` returns
+    (x̄0, θ̄ of ``free``, data cotangent). Each reversed step then linearises the model in the
+    free leaves only, so a fixed leaf need not be differentiable at all (a table the step
+    reads through a host callback) and its cotangent is never formed. (In a fit's compiled
+    gradient XLA already drops the unused cotangents from the loop: BOCF's 19 fixed
+    parameters cost nothing there either, docs/benchmarks.md.)"""
+
+    def forward_rule(x0, theta, data):
+        def value(p):
+            return p.value
+
+        free = jax.tree.map(lambda p: p.value if p.perturbed else None, theta)
+        fixed = jax.tree.map(lambda p: None if p.perturbed else p.value, theta)
+        return forward(jax.tree.map(value, x0), free, fixed, jax.tree.map(value, data))
+
+    def backward_rule(residuals, g):
+        if isinstance(g, SymbolicZero):  # J itself not differentiated: nothing flows back
+            g = jnp.zeros(g.shape, g.dtype)
+        return backward(residuals, g)
+
     loss = jax.custom_vjp(primal)
-    loss.defvjp(forward, backward)
+    loss.defvjp(forward_rule, backward_rule, symbolic_zeros=True)
     return loss
 
 
@@ -96,8 +129,9 @@ def revolve_loss(chain: LossChain, plan: RevolvePlan):
                              plan.args[plan.first_reverse + 1 :])
     pieces = _transitions(chain, plan.n_steps)
 
-    def forward(x0, theta, data):
-        return _segments_forward(chain, pieces, forward_plan, plan.snapshots, x0, theta, data)
+    def forward(x0, free, fixed, data):
+        return _segments_forward(chain, pieces, forward_plan, plan.snapshots, x0, free, fixed,
+                                 data)
 
     def backward(residuals, g):
         return _segments_backward(chain, pieces.transition, backward_plan, residuals, g)
@@ -106,9 +140,10 @@ def revolve_loss(chain: LossChain, plan: RevolvePlan):
 
 
 def _segments_forward(chain: LossChain, pieces: _Transitions, forward_plan: Segments,
-                      snapshots: int, x0: State, theta: Theta, data: Data):
+                      snapshots: int, x0: State, free: Theta, fixed: Theta, data: Data):
     """The first sweep: J, and as residuals the snapshots it stored (with their step numbers)
-    and the VJP of the last step."""
+    and the VJP of the last step (in the state and ``free``)."""
+    theta = _merged(free, fixed)
     snaps = _snapshot_buffers(x0, snapshots)
     slot_steps = jnp.zeros((snapshots + 1,), jnp.int32)
 
@@ -130,17 +165,19 @@ def _segments_forward(chain: LossChain, pieces: _Transitions, forward_plan: Segm
     carry = (x0, jnp.asarray(0, jnp.int32), snaps, slot_steps, zero_cost(chain, x0, theta, data))
     x, _, snaps, slot_steps, total = jax.lax.fori_loop(
         0, len(forward_plan.advance), segment, carry)
-    last, last_vjp = jax.vjp(lambda x_, th: pieces.last_transition(x_, th, data), x, theta)
-    return total + last, (snaps, slot_steps, last_vjp, theta, data)
+    last, last_vjp = jax.vjp(
+        lambda x_, f: pieces.last_transition(x_, _merged(f, fixed), data), x, free)
+    return total + last, (snaps, slot_steps, last_vjp, free, fixed, data)
 
 
 def _segments_backward(chain: LossChain, transition: Callable, backward_plan: Segments,
                        residuals: tuple, g: Any):
-    """The reversal: (x̄0, θ̄, data cotangent) from the residuals of the first sweep, by one
-    loop over the segments of the plan after its first reverse."""
-    snaps, slot_steps, last_vjp, theta, data = residuals
+    """The reversal: (x̄0, θ̄ of the free leaves, data cotangent) from the residuals of the
+    first sweep, by one loop over the segments of the plan after its first reverse."""
+    snaps, slot_steps, last_vjp, free, fixed, data = residuals
+    theta = _merged(free, fixed)
     xbar, thetabar = last_vjp(g)
-    reverse = _segment_reverse(chain, transition, theta, data, g)
+    reverse = _segment_reverse(chain, transition, free, fixed, data, g)
 
     def segment(k, carry):
         x, i, snaps, slot_steps, xbar, thetabar = carry
@@ -180,17 +217,18 @@ def _advanced(chain: LossChain, theta: Theta, count: Any, x: State, i: Any):
     return jax.lax.fori_loop(0, count, one, (x, i))
 
 
-def _segment_reverse(chain: LossChain, transition: Callable, theta: Theta, data: Data,
-                     g: Any) -> Callable:
-    """``reverse(x, i, x̄, θ̄)``: the cotangents before step ``i`` from those after it,
-    linearising the cost only where ``chain.observed`` says it can be nonzero."""
+def _segment_reverse(chain: LossChain, transition: Callable, free: Theta, fixed: Theta,
+                     data: Data, g: Any) -> Callable:
+    """``reverse(x, i, x̄, θ̄)``: the cotangents before step ``i`` from those after it (θ̄ of
+    the ``free`` leaves), linearising the cost only where ``chain.observed`` says it can be
+    nonzero."""
 
     def reverse_with_cost(x, i, xbar):
-        _, vjp = jax.vjp(lambda x_, th: transition(x_, th, i, data), x, theta)
+        _, vjp = jax.vjp(lambda x_, f: transition(x_, _merged(f, fixed), i, data), x, free)
         return vjp((xbar, g))
 
     def reverse_step_only(x, i, xbar):
-        _, vjp = jax.vjp(lambda x_, th: chain.step(x_, th, i), x, theta)
+        _, vjp = jax.vjp(lambda x_, f: chain.step(x_, _merged(f, fixed), i), x, free)
         return vjp(xbar)
 
     def reverse(x, i, xbar, thetabar):
@@ -229,7 +267,8 @@ def branch_free_revolve_loss(chain: LossChain, plan: RevolvePlan):
     transition, last_transition, primal = _transitions(
         chain._replace(cost=_masked_cost(chain)), n)
 
-    def forward(x0, theta, data):
+    def forward(x0, free, fixed, data):
+        theta = _merged(free, fixed)
         snaps = _written(_snapshot_buffers(x0, plan.snapshots), 0, x0)
         slots = jnp.asarray(ticks.forward_store)
 
@@ -240,11 +279,13 @@ def branch_free_revolve_loss(chain: LossChain, plan: RevolvePlan):
 
         x, snaps, total = jax.lax.fori_loop(
             0, n - 1, tick, (x0, snaps, zero_cost(chain, x0, theta, data)))
-        last, last_vjp = jax.vjp(lambda x_, th: last_transition(x_, th, data), x, theta)
-        return total + last, (snaps, last_vjp, theta, data)
+        last, last_vjp = jax.vjp(lambda x_, f: last_transition(x_, _merged(f, fixed), data),
+                                 x, free)
+        return total + last, (snaps, last_vjp, free, fixed, data)
 
     def backward(residuals, g):
-        snaps, last_vjp, theta, data = residuals
+        snaps, last_vjp, free, fixed, data = residuals
+        theta = _merged(free, fixed)
         xbar, thetabar = last_vjp(g)
         restore, first_tick = jnp.asarray(ticks.restore), jnp.asarray(ticks.first_tick)
         tick_store = jnp.asarray(ticks.tick_store)
@@ -261,7 +302,7 @@ def branch_free_revolve_loss(chain: LossChain, plan: RevolvePlan):
             i = n - 2 - u - (first_tick[u + 1] - first_tick[u])
             x = jax.tree.map(lambda buf: buf[restore[u]], snaps)
             x, i, snaps = jax.lax.fori_loop(first_tick[u], first_tick[u + 1], tick, (x, i, snaps))
-            _, vjp = jax.vjp(lambda x_, th: transition(x_, th, i, data), x, theta)
+            _, vjp = jax.vjp(lambda x_, f: transition(x_, _merged(f, fixed), i, data), x, free)
             xbar, step_thetabar = vjp((xbar, g))
             return snaps, xbar, jax.tree.map(jnp.add, thetabar, step_thetabar)
 
