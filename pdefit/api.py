@@ -375,7 +375,7 @@ def _trained(setup: FitSetup, cfg: OptimConfig, theta0: Any, identity: dict[str,
     """The fit from ``theta0`` (checkpointed in ``out``), then ``recentre`` refits, each from
     the last best θ with the fields' prior centred there (in ``out/recentre-<i>``); the
     setup of the last one with its state and history."""
-    problem = setup.problem
+    problem, steps = setup.problem, {}  # the refits share their compiled step
     for index in range(recentre + 1):
         within = out if out is None or index == 0 else out / f"recentre-{index}"
         state, history = run_fit(
@@ -384,7 +384,7 @@ def _trained(setup: FitSetup, cfg: OptimConfig, theta0: Any, identity: dict[str,
             config={**identity, "recentre": index} if index else identity,
             metrics_path=None if within is None else within / "metrics.jsonl",
             checkpoint=None if within is None else CheckpointOptions(within / CHECKPOINT_DIR),
-            layout=problem.layout)
+            layout=problem.layout, steps=steps)
         theta0 = history.best_theta
         if index < recentre:
             setup = setup._replace(batch=background.recentred(setup.batch, theta0))
@@ -418,13 +418,14 @@ def _bootstrapped(setup: FitSetup, cfg: OptimConfig, curvature: Any, theta: Any,
     problem = setup.problem
     observed = problem.observation.fields
     sigma = intervals.get("sigma_per_field") or {f: intervals["sigma"] for f in observed}
+    steps: dict = {}  # the replicates' refits share their compiled step
 
     def once(batch: Any, theta0: Any, where: Path | None) -> Any:
         return run_fit(problem.loss, theta0, batch, cfg, progress=False, log=log.debug,
                        curvature=curvature, layout=problem.layout,
                        checkpoint=None if where is None else CheckpointOptions(
                            where / CHECKPOINT_DIR),
-                       config={"optim": dataclasses.asdict(cfg)})[1].best_theta
+                       config={"optim": dataclasses.asdict(cfg)}, steps=steps)[1].best_theta
 
     fitted = fit_bootstrap.replicates(
         problem, setup.batch, setup.theta0, theta, sigma, count,

@@ -60,3 +60,37 @@ def test_metrics_count_every_loss_evaluation(tmp_path, name, caplog):
             assert after["loss"] <= before["loss"]
     mean = sum(evaluations) / len(evaluations)
     assert f"evals {mean:.3g}/step" in caplog.text
+
+
+def test_fits_that_share_their_steps_compile_once_and_end_where_fresh_fits_end(monkeypatch):
+    """``run_fit(..., steps=kept)``: fits of one loss with the same options and holds (a
+    bootstrap's refits) build and compile one step between them; another hold builds its own;
+    each fit ends exactly where the same fit ends on a step of its own."""
+    from pdefit.fitting import optimisers, train
+
+    built, build = [], optimisers.step_update
+
+    def counted(*args, **kwargs):
+        built.append(args[5])  # its hold
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(optimisers, "step_update", counted)
+    loss = rosenbrock_counting([])
+    cfg = OptimConfig(name="adam", lr=0.01, steps=8, clip=None, schedule="constant")
+
+    def fit(start, target, steps, hold=()):
+        theta0 = {"params": {"x": jnp.asarray(start), "y": jnp.asarray(1.0)}}
+        return train.run_fit(loss, theta0, jnp.asarray(target), cfg, log=lambda _: None,
+                             progress=False, steps=steps, hold=hold)[1].best_theta
+
+    kept: dict = {}
+    shared = [fit(-1.2, 1.0, kept), fit(0.3, 0.5, kept), fit(0.3, 0.5, kept, hold=("y",))]
+    assert built == [frozenset(), frozenset({"y"})]
+    assert [entry[1]._cache_size() for entry in kept.values()] == [1, 1]  # one compile each
+    built.clear()
+    fresh = [fit(-1.2, 1.0, None), fit(0.3, 0.5, None), fit(0.3, 0.5, None, hold=("y",))]
+    assert len(built) == 3
+    for a, b in zip(shared, fresh, strict=True):
+        for name in ("x", "y"):
+            assert float(a["params"][name]) == float(b["params"][name])
+    assert float(shared[2]["params"]["y"]) == 1.0  # held

@@ -180,6 +180,7 @@ def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], out:
     sigma = uncertainty.get("sigma_per_field") or {
         f: uncertainty["sigma"] for f in problem.observation.fields}
     curvature = stage_curvature(cfg, problem)
+    steps: dict = {}  # the refits' compiled steps, shared: their arrays have one shape
 
     def once(hold: frozenset[str]) -> bootstrap.Refit:
         return lambda replicate, theta0, where: run_fit(
@@ -187,7 +188,7 @@ def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], out:
             curvature=curvature, hold=hold, layout=problem.layout, preemption=preemption,
             checkpoint=None if where is None else CheckpointOptions(
                 where / CHECKPOINT_DIR, cfg.run.checkpoint_every),
-            config={"optim": plain(cfg.optim), "hold": sorted(hold)})[1].best_theta
+            config={"optim": plain(cfg.optim), "hold": sorted(hold)}, steps=steps)[1].best_theta
 
     def stop(what: str) -> None:
         if preemption is not None:

@@ -500,3 +500,22 @@ def step_update(loss: Callable, optimizer: optax.GradientTransformation, cfg: Op
                              "curvature (pdefit.fitting.gauss_newton)")
         return make_damped_update(loss, curvature, describe, hold, limits)
     return make_update(loss, optimizer, describe, hold, limits)
+
+
+def kept_step_update(steps: dict[Any, Any] | None, loss: Callable,
+                     optimizer: optax.GradientTransformation, cfg: OptimConfig,
+                     curvature: Callable | None,
+                     describe: Callable[[Any], Mapping[str, Any]] | None,
+                     hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
+    """:func:`step_update`, kept in ``steps`` (a dict the caller holds across the fits of one
+    problem; None: built afresh) for a later fit with the same loss, options, curvature,
+    description, holds and limits: a fit on arrays of shapes the kept step has compiled for
+    (a bootstrap's refits, re-centred refits) then compiles nothing new. The curvature is
+    compared by identity and kept in the entry, so that its id is not reused meanwhile."""
+    if steps is None:
+        return step_update(loss, optimizer, cfg, curvature, describe, hold, limits)
+    key = (loss, cfg, hold, describe, id(curvature), repr(limits))
+    if key not in steps:
+        steps[key] = (curvature, step_update(loss, optimizer, cfg, curvature, describe, hold,
+                                             limits))
+    return steps[key][1]

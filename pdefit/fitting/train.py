@@ -42,9 +42,9 @@ from pdefit.fitting.optimisers import (
     StepReport,
     TrainState,
     init_state,
+    kept_step_update,
     make_optimizer,
     step_limits,
-    step_update,
 )
 from pdefit.fitting.resuming import ResumeMismatchError as ResumeMismatchError  # re-exported
 from pdefit.fitting.resuming import data_fingerprint, open_checkpoints
@@ -84,7 +84,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             seed: int = 0, preemption: PreemptionFlag | None = None,
             on_step: Callable[[int, Mapping[str, Any]], None] | None = None,
             curvature: Callable | None = None, hold: Collection[str] = (),
-            layout: ParameterLayout | None = None) -> tuple[TrainState, FitHistory]:
+            layout: ParameterLayout | None = None, steps: dict[Any, Any] | None = None,
+            ) -> tuple[TrainState, FitHistory]:
     """Minimise ``loss(theta, batch)`` from ``theta0``.
 
     ``describe(theta)`` gives the physical values written with each metrics record.
@@ -97,7 +98,9 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     ``levenberg_marquardt``. ``hold`` names entries of ``theta0["params"]`` that every
     optimiser keeps at their values (a stage of a staged fit that frees them later).
     ``layout`` (the problem's :class:`~pdefit.model.params.ParameterLayout`) turns on the step
-    control: bounds and ``optim.max_log_step``.
+    control: bounds and ``optim.max_log_step``. ``steps``: a dict kept across fits of one
+    problem, which then share their compiled step
+    (:func:`pdefit.fitting.optimisers.kept_step_update`).
 
     Raises :class:`Preempted` (a ``SystemExit`` with status 75) after a preemption signal, once
     the checkpoint is on disk, and :class:`TrainingDivergedError` after too many non-finite
@@ -106,8 +109,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     optimizer = make_optimizer(cfg)
     hold = frozenset(hold)
     _check_hold(theta0, hold)
-    update = step_update(loss, optimizer, cfg, curvature, describe, hold,
-                         step_limits(layout, cfg))
+    update = kept_step_update(steps, loss, optimizer, cfg, curvature, describe, hold,
+                              step_limits(layout, cfg))
     state = init_state(theta0, optimizer, jax.eval_shape(loss, theta0, batch).dtype, seed)
     run, state = _open_run(state, batch, cfg, checkpoint=checkpoint, resume=resume,
                            config=config, metrics_path=metrics_path, status_path=status_path,
