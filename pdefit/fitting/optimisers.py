@@ -507,15 +507,14 @@ def kept_step_update(steps: dict[Any, Any] | None, loss: Callable,
                      curvature: Callable | None,
                      describe: Callable[[Any], Mapping[str, Any]] | None,
                      hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
-    """:func:`step_update`, kept in ``steps`` (a dict the caller holds across the fits of one
-    problem; None: built afresh) for a later fit with the same loss, options, curvature,
-    description, holds and limits: a fit on arrays of shapes the kept step has compiled for
-    (a bootstrap's refits, re-centred refits) then compiles nothing new. The curvature is
-    compared by identity and kept in the entry, so that its id is not reused meanwhile."""
-    if steps is None:
-        return step_update(loss, optimizer, cfg, curvature, describe, hold, limits)
+    """:func:`step_update`, kept in ``steps`` (a dict the caller holds across fits of one
+    problem; None: built afresh) for later fits with the same loss, options, curvature (by
+    identity, kept in the entry so that its id is not reused), description, holds and limits:
+    those on arrays of the same shapes (a bootstrap's refits) then compile nothing new."""
     key = (loss, cfg, hold, describe, id(curvature), repr(limits))
-    if key not in steps:
-        steps[key] = (curvature, step_update(loss, optimizer, cfg, curvature, describe, hold,
-                                             limits))
+    if steps is None or key not in steps:
+        built = step_update(loss, optimizer, cfg, curvature, describe, hold, limits)
+        if steps is None:
+            return built
+        steps[key] = (curvature, built)
     return steps[key][1]
