@@ -45,9 +45,13 @@ from pdefit.fitting import assemble, marginal, signal
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
 
-def setup(experiment: str, grid: int, frames: int, workdir: Path) -> assemble.FitSetup:
+def setup(experiment: str, grid: int, frames: int, workdir: Path,
+          overrides: tuple[str, ...] = ()) -> assemble.FitSetup:
+    """The experiment's fit at ``grid``² over ``frames`` frames (one stage), its data
+    simulated in ``workdir``; ``overrides`` more Hydra overrides."""
     overrides = [f"experiment={experiment}", f"system.grid.shape=[{grid},{grid}]",
-                 f"simulate.n_frames={frames}", "fit.stages=null", f"run.dir={workdir}"]
+                 f"simulate.n_frames={frames}", "fit.stages=null", f"run.dir={workdir}",
+                 *overrides]
     register_configs()
     with initialize_config_dir(config_dir=CONF, version_base="1.3"):
         cfg = as_options(compose(config_name="fit", overrides=overrides))

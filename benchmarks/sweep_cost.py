@@ -45,28 +45,10 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-from hydra import compose, initialize_config_dir
+from estimate_batching import setup
 
 from pdefit.adjoint import Revolve, StoreAll
-from pdefit.app.config import as_options, register_configs
 from pdefit.fitting import assemble, krylov
-
-CONF = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-def setup(experiment: str, grid: int, frames: int, overrides: list[str],
-          workdir: Path) -> assemble.FitSetup:
-    """The experiment's fit at ``grid``² over ``frames`` frames, its data simulated."""
-    overrides = [f"experiment={experiment}", f"system.grid.shape=[{grid},{grid}]",
-                 f"simulate.n_frames={frames}", "fit.stages=null", f"run.dir={workdir}",
-                 *overrides]
-    register_configs()
-    with initialize_config_dir(config_dir=CONF, version_base="1.3"):
-        cfg = as_options(compose(config_name="fit", overrides=overrides))
-    dtype = assemble.set_precision(cfg.precision)
-    dataset = workdir / "data.zarr"
-    assemble.simulate_dataset(cfg, dataset, dtype, log=lambda _: None)
-    return assemble.build_fit(cfg, dataset, dtype)
 
 
 def timed(call: Any, repeats: int) -> dict[str, float]:
@@ -166,7 +148,7 @@ def main() -> None:
     args = parser.parse_args()
     output = args.output or Path(f"benchmarks/results/sweep_cost-{args.label}.json")
     with tempfile.TemporaryDirectory() as workdir:
-        fit = setup(args.experiment, args.grid, args.frames, args.overrides, Path(workdir))
+        fit = setup(args.experiment, args.grid, args.frames, Path(workdir), tuple(args.overrides))
         n_steps = fit.problem.n_steps
         records = {name: timed(call, args.repeats)
                    for name, call in sweeps(fit, args.unroll, args.schedules).items()}
