@@ -11,7 +11,8 @@ BIN := $(VENV)/bin
 # the rest of the rise from 16.7 min (588, the session before) was not investigated; 594
 # again (the re-centring tests now run a bootstrap too, about 100 s more CPU) in 20.6 min;
 # 595 (the bootstrap's checkpointed refits; test_shooting's API test without intervals,
-# 61 → 37 s alone) in 19.6 min quiet (24.9 and 32.4 min beside a 2-core benchmark).
+# 61 → 37 s alone) in 19.6 min quiet (24.9 and 32.4 min beside a 2-core benchmark); 598 (a
+# bootstrap's refits share their compiled step) in 15.8 min quiet (17.3 with --durations).
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
