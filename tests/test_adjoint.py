@@ -286,5 +286,6 @@ def test_revolve_linearises_only_the_leaves_a_derivative_is_taken_of(executor):
     ref_x0 = jax.grad(lambda x: by(StoreAll(), x, {}))(x0)
     got_x0 = jax.jit(jax.grad(lambda x: by(revolve, x, {})))(x0)
     assert relative_error(got_x0, ref_x0) <= 1e-12
-    with pytest.raises(ValueError, match="Pure callbacks do not support"):  # the table itself
+    # the table itself: JAX refuses to differentiate the callback (the wording may change)
+    with pytest.raises((ValueError, TypeError, NotImplementedError), match=r"(?i)callback"):
         jax.grad(lambda t: by(revolve, x0, {"table": t}))(theta["table"])
