@@ -252,6 +252,18 @@ class OptimConfig:
     # run, stopping early at this relative residual.
     krylov_iterations: int = 20
     krylov_rtol: float = 0.01
+    # Their preconditioner: "diagonal" scales each parameter by its Gauss–Newton diagonal and
+    # each field by one number; "parameter_block" inverts the parameters' whole damped block.
+    krylov_preconditioner: str = "diagonal"
+    # "reduced": each step fits the fields alone first (reduced_field_steps matrix-free
+    # steps), then steps the parameters on the Schur complement of the fields (k + 1 field
+    # solves of at most reduced_solve_iterations iterations), refitting the fields after it,
+    # at most reduced_tries damping values a step (pdefit.fitting.reduced_steps). "joint":
+    # fields and parameters in one conjugate-gradient solve.
+    parameter_step: str = "joint"
+    reduced_field_steps: int = 10
+    reduced_solve_iterations: int = 100
+    reduced_tries: int = 3
     # Levenberg–Marquardt's damping λ at the start (relative to the scaling D): 1 takes a
     # first step half as long as Gauss–Newton's, safer from a poor first guess of fields.
     initial_damping: float = 1e-3

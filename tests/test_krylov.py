@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +62,58 @@ def test_matrix_free_product_equals_the_dense_gauss_newton_matrix():
     for i, name in enumerate(("u", "v")):
         exact = np.mean(np.diag(matrix)[36 * i:36 * (i + 1)])
         assert float(diagonal["fields"][name][0, 0, 0]) == pytest.approx(exact, rel=0.5)
+    # The parameters' block of the preconditioner is G's, and the solve it preconditions
+    # still reaches the dense Levenberg–Marquardt step (G + λD)δ = −g.
+    diagonal, block = krylov.MatrixFree(problem).scaling_and_block(theta, batch,
+                                                                    jax.random.key(1))
+    np.testing.assert_allclose(block.matrix, matrix[-k:, -k:], rtol=1e-10)
+    d = ravel_pytree(diagonal)[0]
+    dense = np.linalg.solve(matrix + 0.01 * np.diag(d), -g)
+    delta, _ = krylov.damped_solve(
+        lambda v: krylov.gauss_newton_product(problem, theta, batch, v),
+        jax.tree.map(jnp.asarray, unravel(g)), diagonal, jnp.asarray(0.01), 300, 1e-13, block)
+    np.testing.assert_allclose(ravel_pytree(delta)[0], dense, rtol=1e-6,
+                               atol=1e-8 * np.abs(dense).max())
+
+
+def test_the_parameter_block_resolves_correlated_parameters_in_few_iterations():
+    """G = JᵀJ of 50 field values (J's columns independent) and six parameters of very
+    different scales whose columns are nearly parallel (their block badly conditioned):
+    preconditioned by the parameters' whole block, 8 conjugate-gradient iterations reach the
+    damped step's parameters to 0.1 %; by the diagonal alone they stay more than 1 % off.
+    Both reach it given enough iterations."""
+    rng = np.random.default_rng(3)
+    fields_columns = rng.normal(size=(200, 50)) / np.sqrt(200)
+    shared = rng.normal(size=(200, 1))
+    params_columns = (shared + 1e-2 * rng.normal(size=(200, 6))) * 10.0 ** rng.uniform(-2, 2, 6)
+    jacobian = np.hstack([fields_columns, params_columns])
+    matrix = jacobian.T @ jacobian
+    params_block = matrix[50:, 50:]
+    assert np.linalg.cond(params_block / np.sqrt(np.outer(np.diag(params_block),
+                                                          np.diag(params_block)))) > 1e3
+    gradient = rng.normal(size=56)
+    diagonal = {"fields": {"x": jnp.ones(50)}, "params": {"p": jnp.asarray(
+        np.diag(params_block))}}
+    damping = 1e-3
+    d = ravel_pytree(diagonal)[0]
+    dense = np.linalg.solve(matrix + damping * np.diag(d), -gradient)
+    unravel = ravel_pytree(diagonal)[1]
+    block = krylov.ParameterBlock(np.arange(6), jnp.asarray(params_block))
+
+    def solve(iterations, with_block):
+        delta, _ = krylov.damped_solve(
+            lambda v: unravel(jnp.asarray(matrix) @ ravel_pytree(v)[0]),
+            unravel(jnp.asarray(gradient)), diagonal, jnp.asarray(damping), iterations, 1e-14,
+            block if with_block else None)
+        return np.asarray(ravel_pytree(delta)[0])
+
+    def params_error(x):
+        return np.linalg.norm(x[50:] - dense[50:]) / np.linalg.norm(dense[50:])
+
+    # Measured: 4e-5 against 6.6e-2 after 8 iterations, 1e-7 against 2.6e-3 after 16.
+    assert params_error(solve(8, True)) < 1e-3
+    assert params_error(solve(8, False)) > 1e-2
+    assert params_error(solve(200, False)) < 1e-6
 
 
 def test_matrix_free_solve_equals_dense_levenberg_marquardt_on_scalars():
@@ -88,7 +141,7 @@ def test_fitted_fields_take_the_matrix_free_path():
         gauss_newton(problem)
 
 
-def _voltage_only_fit(sigma, n_steps, shape, fitted, steps, noise_seed=1):
+def _voltage_only_fit(sigma, n_steps, shape, fitted, steps, noise_seed=1, **optim):
     """A u-only AP fit of u(0), v(0) and ``fitted`` with matrix-free Levenberg–Marquardt,
     v(0) from the system's first guess, a weak background prior: (problem, batch, truth,
     history)."""
@@ -104,7 +157,7 @@ def _voltage_only_fit(sigma, n_steps, shape, fitted, steps, noise_seed=1):
     batch = batch._replace(background=dict(start["fields"]))
     _, history = run_fit(problem.loss, start, batch, OptimConfig(
         name="levenberg_marquardt", steps=steps, clip=None, grad_tol=1e-10,
-        krylov_iterations=40, initial_damping=1.0), progress=False, log=lambda _: None,
+        krylov_iterations=40, initial_damping=1.0, **optim), progress=False, log=lambda _: None,
         curvature=krylov.curvature_for(problem), layout=problem.layout)
     return problem, batch, truth, history
 
@@ -307,3 +360,62 @@ def test_a_held_entry_does_not_end_the_solve():
     dense[kept] = np.linalg.solve(matrix[np.ix_(kept, kept)]
                                   + damping * np.diag(diagonal[kept]), -gradient[kept])
     np.testing.assert_allclose(np.asarray(delta["x"]), dense, rtol=1e-8, atol=1e-14)
+
+
+def test_the_reduced_step_is_the_gauss_newton_step_with_the_fields_eliminated():
+    """optim.parameter_step=reduced: its step (δp, δx) solves the Gauss–Newton system with the
+    parameters' block damped by λ diag S (S the Schur complement of the fields) — checked
+    against the dense Jacobian's G — and the update it makes lowers the loss each step and
+    moves the parameters towards the truth on a small voltage-only problem."""
+    from pdefit.fitting import reduced_steps
+
+    problem, batch, theta = _fields_problem()
+    matrix, gradient = map(np.asarray, _dense_gauss_newton(problem, theta, batch))
+    k = len(problem.layout.fitted)
+    n = matrix.shape[0] - k
+    parts = reduced_steps.reduced_parts(problem, theta, batch, np.arange(k), 300)
+    g_xx, g_xp = matrix[:n, :n], matrix[:n, n:]
+    schur = matrix[n:, n:] - g_xp.T @ np.linalg.solve(g_xx, g_xp)
+    # The field solves stop at marginal.RTOL = 1e-4 of their right-hand sides.
+    np.testing.assert_allclose(parts.schur, schur, rtol=1e-4, atol=1e-6 * np.abs(schur).max())
+    damping = 0.1
+    stepped, predicted = parts.step(theta, jnp.asarray(damping))
+    damped = np.array(matrix)
+    damped[n:, n:] += damping * np.diag(np.diag(schur))
+    dense = np.linalg.solve(damped, -gradient)
+    delta = ravel_pytree(stepped)[0] - ravel_pytree(theta)[0]
+    np.testing.assert_allclose(delta, dense, rtol=1e-4, atol=1e-6 * np.abs(dense).max())
+    assert float(predicted) > 0
+
+    # The update itself (u and v observed with noise, both initial fields fitted from the
+    # noisy first frame, k and a from a start 25 % and 16 % off): the loss never rises and
+    # four reduced steps end nearer the truth than four joint ones (measured: 1.5 % against
+    # 4.0 % for the larger error of the two, at a lower loss).
+    ends = {step: _all_fields_fit(step) for step in ("reduced", "joint")}
+    (errors, losses), (joint_errors, joint_losses) = ends["reduced"], ends["joint"]
+    assert all(b <= a for a, b in itertools.pairwise(losses))
+    assert max(errors) < 0.5 * max(joint_errors)
+    assert min(losses) <= min(joint_losses)
+
+
+def _all_fields_fit(parameter_step):
+    """Four Levenberg–Marquardt steps of k, a, u(0), v(0) on 8² Aliev–Panfilov data of u and
+    v (σ = 0.01, 11 frames), the fields from the noisy first frame: (|error| of k and a,
+    the losses)."""
+    sigma = 0.01
+    problem, batch, truth, start = ap_problem(
+        shape=(8, 8), n_steps=100, every=10, fit_fields=("u", "v"), observe=("u", "v"),
+        noise=sigma, schedule=Revolve(8), fitted=("k", "a"), noise_seed=1)
+    start = {**start, "fields": {f: batch.observed.values[f][:, 0] for f in ("u", "v")}}
+    problem = dataclasses.replace(problem, regularization=Regularization(
+        field_background=sigma**2 / (11 * 0.3**2)))
+    batch = batch._replace(background=dict(start["fields"]))
+    _, history = run_fit(problem.loss, start, batch, OptimConfig(
+        name="levenberg_marquardt", steps=4, clip=None, grad_tol=1e-10, krylov_iterations=20,
+        initial_damping=1.0, parameter_step=parameter_step, reduced_field_steps=3,
+        reduced_solve_iterations=60, reduced_tries=2), progress=False, log=lambda _: None,
+        curvature=krylov.curvature_for(problem), layout=problem.layout)
+    fitted = problem.layout.physical(history.best_theta["params"])
+    true = problem.layout.physical(truth["params"])
+    return ([abs(float(fitted[n]) / float(true[n]) - 1) for n in ("k", "a")],
+            history.losses)

@@ -185,6 +185,19 @@ def test_bad_run_off_options_are_refused_naming_the_key(tmp_path, override, key)
     assert not (tmp_path / "config.yaml").exists()
 
 
+@pytest.mark.parametrize(("override", "key"), [
+    ("optim.parameter_step=schur", "optim.parameter_step"),
+    ("optim.krylov_preconditioner=block", "optim.krylov_preconditioner"),
+    ("optim.reduced_tries=0", "optim.reduced_tries"),
+    ("optim.reduced_field_steps=0", "optim.reduced_field_steps"),
+    # Reduced steps eliminate fitted initial fields: this fit has none (and L-BFGS).
+    ("optim.parameter_step=reduced", "optim.parameter_step")])
+def test_bad_step_options_are_refused_naming_the_key(tmp_path, override, key):
+    with pytest.raises(ConfigError, match=key):
+        cli.fit(_config(tmp_path, override))
+    assert not (tmp_path / "config.yaml").exists()
+
+
 def test_run_off_rules_on_the_metrics_records():
     """The loss growing optim.divergence_factor-fold over its best, or a parameter on its
     bound for optim.max_steps_at_bound steps in a row, ends a fit as diverged; null turns

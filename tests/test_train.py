@@ -66,15 +66,15 @@ def test_fits_that_share_their_steps_compile_once_and_end_where_fresh_fits_end(m
     """``run_fit(..., steps=kept)``: fits of one loss with the same options and holds (a
     bootstrap's refits) build and compile one step between them; another hold builds its own;
     each fit ends exactly where the same fit ends on a step of its own."""
-    from pdefit.fitting import optimisers, train
+    from pdefit.fitting import train, updates
 
-    built, build = [], optimisers.step_update
+    built, build = [], updates.step_update
 
     def counted(*args, **kwargs):
         built.append(args[5])  # its hold
         return build(*args, **kwargs)
 
-    monkeypatch.setattr(optimisers, "step_update", counted)
+    monkeypatch.setattr(updates, "step_update", counted)
     loss = rosenbrock_counting([])
     cfg = OptimConfig(name="adam", lr=0.01, steps=8, clip=None, schedule="constant")
 

@@ -114,6 +114,14 @@ def validate_optim(cfg: OptimConfig) -> None:
     _positive("optim.initial_damping", cfg.initial_damping)
     if not 0 < _number("optim.krylov_rtol", cfg.krylov_rtol) < 1:
         raise ConfigError(f"optim.krylov_rtol must be in (0, 1), got {cfg.krylov_rtol!r}")
+    if cfg.krylov_preconditioner not in ("parameter_block", "diagonal"):
+        raise ConfigError("optim.krylov_preconditioner must be 'parameter_block' or "
+                          f"'diagonal', got {cfg.krylov_preconditioner!r}")
+    if cfg.parameter_step not in ("joint", "reduced"):
+        raise ConfigError("optim.parameter_step must be 'joint' or 'reduced', got "
+                          f"{cfg.parameter_step!r}")
+    for key in ("reduced_field_steps", "reduced_solve_iterations", "reduced_tries"):
+        _at_least(f"optim.{key}", getattr(cfg, key), 1)
 
 
 def validate_fit(cfg: FitConfig | DictConfig, log: Callable[[str], None] = print) -> None:
@@ -201,7 +209,21 @@ def _fit(cfg: FitConfig) -> None:
     _bootstrap(cfg)
     _shooting(cfg)
     _recentre(cfg)
+    _reduced_steps(cfg, fitted_fields)
     validate_discretization_check(fit.discretization_check)
+
+
+def _reduced_steps(cfg: FitConfig, fitted_fields: list[str]) -> None:
+    """``optim.parameter_step=reduced``: Levenberg–Marquardt steps of parameters on the
+    fields' Schur complement, so fitted fields, parameters and one trajectory."""
+    if cfg.optim.parameter_step != "reduced":
+        return
+    if (cfg.optim.name != "levenberg_marquardt" or not fitted_fields or not list(cfg.fit.params)
+            or cfg.fit.shooting.segments > 1):
+        raise ConfigError("optim.parameter_step=reduced steps the parameters with the fitted "
+                          "initial fields eliminated: it needs optim=levenberg_marquardt, "
+                          "fit.params, fit.initial_fields.<field>=fit and "
+                          "fit.shooting.segments=1")
 
 
 def _shooting(cfg: FitConfig) -> None:

@@ -15,6 +15,12 @@ conjugate gradients (lineax's ``CG``), the inner loop of incremental 4D-Var:
   forward tangents of :func:`pdefit.fitting.gauss_newton.gauss_newton`); each field's is
   one number, the mean of z ⊙ Gz over its cells for a random ±1 probe z (Hutchinson's
   estimator), since a field's cells differ less from each other than from the parameters.
+  The preconditioner is ((1 + λ)D)⁻¹, or with ``optim.krylov_preconditioner=parameter_block``
+  on the parameters the inverse of their whole damped block G_pp + λD_pp (its k × k matrix
+  comes with the diagonal, at no extra sweep): a PDE's parameters are strongly correlated,
+  and a diagonal leaves their block's condition number to the conjugate gradients. What
+  holds the parameters back once the fields adapt is S, the Schur complement of the
+  fields, not G_pp (:mod:`pdefit.fitting.reduced_steps`).
 
 With multiple shooting (:mod:`pdefit.fitting.shooting`) the segments' starts are unknowns
 like the fitted fields, and the gaps between segments residuals like the frames.
@@ -27,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -58,7 +64,21 @@ class MatrixFree:
         """A positive scaling like ``theta``: the exact Gauss–Newton diagonal of the
         parameters (at the ``free`` positions of their flattened order; 1 at held ones) and
         one Hutchinson estimate per fitted field."""
+        return scaling(self, theta, batch, key, free)[0]
+
+    def scaling_and_block(self, theta: Any, batch: Any, key: jax.Array,
+                free: np.ndarray | None = None) -> tuple[Any, ParameterBlock | None]:
+        """(:meth:`diagonal`, the parameters' Gauss–Newton block over the ``free``
+        positions, None without free parameters), from the same sweeps."""
         return scaling(self, theta, batch, key, free)
+
+
+class ParameterBlock(NamedTuple):
+    """The Gauss–Newton matrix of the parameters at ``columns`` of their flattened order
+    (``matrix``: k × k, the penalties' Hessian included), for the block preconditioner."""
+
+    columns: np.ndarray
+    matrix: jnp.ndarray
 
 
 def curvature_for(problem: FitProblem) -> Callable[..., Any] | MatrixFree:
@@ -132,13 +152,14 @@ def scaling(curvature: MatrixFree, theta: Any, batch: Batch, key: jax.Array,
     problem = curvature.problem
     flat = ravel_pytree(theta["params"])[0]
     columns = np.arange(flat.shape[0]) if free is None else np.asarray(free, int)
-    params_diag = jnp.ones_like(flat)
+    params_diag, block = jnp.ones_like(flat), None
     if len(columns):  # held or no parameters: only the fields are scaled
         curvature_of = (gn.curvature_function(problem) if problem.shooting is None
                         else functools.partial(shooting.parameter_curvature, problem))
         _, _, matrix = curvature_of(theta, batch, free=columns)
         floor = 1e-12 * jnp.maximum(jnp.max(jnp.diag(matrix)), jnp.finfo(flat.dtype).tiny)
         params_diag = params_diag.at[columns].set(jnp.maximum(jnp.diag(matrix), floor))
+        block = ParameterBlock(columns, matrix)
     # Each fitted field, and each field of the segments' starts, gets one Hutchinson number.
     groups = [g for g in ("fields", shooting.SEGMENTS) if theta.get(g)]
     named = [(g, name, x) for g in groups for name, x in sorted(theta[g].items())]
@@ -154,25 +175,56 @@ def scaling(curvature: MatrixFree, theta: Any, batch: Batch, key: jax.Array,
         scaled[group][name] = jnp.full_like(z, jnp.maximum(
             jnp.mean(z * response[group][name]), 1e-12 * top))
     unravel = ravel_pytree(theta["params"])[1]
-    return {**theta, "params": unravel(params_diag), **scaled}
+    return {**theta, "params": unravel(params_diag), **scaled}, block
 
 
 def damped_solve(product: Callable[[Any], Any], gradient: Any, diagonal: Any,
-                 damping: jax.Array, iterations: int, rtol: float) -> tuple[Any, jax.Array]:
+                 damping: jax.Array, iterations: int, rtol: float,
+                 block: ParameterBlock | None = None) -> tuple[Any, jax.Array]:
     """(δ ≈ −(G + λD)⁻¹ g, the iterations taken) by at most ``iterations`` steps of conjugate
-    gradients preconditioned by ((1 + λ)D)⁻¹ (``product``: v ↦ G·v; D: ``diagonal``)."""
+    gradients preconditioned by ((1 + λ)D)⁻¹ (``product``: v ↦ G·v; D: ``diagonal``), on
+    ``theta["params"]`` by (G_pp + λD_pp)⁻¹ instead where the parameters' ``block`` is given."""
 
     def damped(v):
         return jax.tree.map(lambda gv, d, x: gv + damping * d * x, product(v), diagonal, v)
 
+    on_block = None if block is None else _block_inverse(block, diagonal["params"], damping)
+
     def preconditioned(v):
-        return jax.tree.map(lambda d, x: x / ((1.0 + damping) * d), diagonal, v)
+        out = jax.tree.map(lambda d, x: x / ((1.0 + damping) * d), diagonal, v)
+        if on_block is None:
+            return out
+        flat, unravel = ravel_pytree(v["params"])
+        scaled = ravel_pytree(out["params"])[0]
+        return {**out, "params": unravel(scaled.at[block.columns].set(
+            on_block(flat[block.columns])))}
 
     solution = conjugate_gradients(damped, preconditioned, jax.tree.map(jnp.negative, gradient),
                                    iterations, rtol)
     # An iterate that stopped at the step cap is still a descent direction (truncated CG).
     return (jax.tree.map(lambda x: jnp.where(jnp.isfinite(x), x, 0.0), solution.value),
             jnp.asarray(solution.stats["num_steps"], jnp.int32))
+
+
+def _block_inverse(block: ParameterBlock, params_diagonal: Any,
+                   damping: jax.Array) -> Callable[[jnp.ndarray], jnp.ndarray]:
+    """x ↦ (G_pp + λD_pp)⁻¹x on the block's columns, by one eigendecomposition of the block
+    scaled to a unit diagonal. Its eigenvalues are floored at √ε of the largest: a
+    preconditioner only has to be positive definite, and parameters the data do not
+    determine (or a rounded, slightly indefinite G_pp at λ → 0) must not blow up its
+    inverse."""
+    d = ravel_pytree(params_diagonal)[0][block.columns]
+    root = jnp.sqrt(d)
+    scaled = block.matrix / root[:, None] / root[None, :]
+    scaled = 0.5 * (scaled + scaled.T) + damping * jnp.eye(d.shape[0], dtype=d.dtype)
+    values, vectors = jnp.linalg.eigh(scaled)
+    floor = jnp.sqrt(jnp.finfo(d.dtype).eps) * jnp.maximum(jnp.max(values), 1.0)
+    inverse = (vectors / jnp.maximum(values, floor)) @ vectors.T
+
+    def apply(x):
+        return (inverse @ (x / root)) / root
+
+    return apply
 
 
 def conjugate_gradients(operator: Callable[[Any], Any], preconditioner: Callable[[Any], Any],

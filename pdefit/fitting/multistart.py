@@ -37,8 +37,8 @@ from pdefit.fitting.optimisers import (
     init_state,
     make_optimizer,
     step_limits,
-    step_update,
 )
+from pdefit.fitting.updates import step_update
 from pdefit.options import ConfigError, FitConfig, OptimConfig
 from pdefit.runtime.checkpoint import write_json_atomic
 

@@ -4,10 +4,10 @@ Owns the training state (:class:`TrainState`: everything a step depends on, as a
 checkpoint saves), the optax chains (gradient clipping, learning-rate schedules, adam, adamw,
 sgd, L-BFGS with its zoom line search) and Levenberg–Marquardt with Nielsen's damping update,
 and the updates the loop of :mod:`pdefit.fitting.train` runs: :func:`make_update` (optax),
-:func:`make_damped_update` (Levenberg–Marquardt on the dense curvature of scalar parameters)
-and :func:`make_matrix_free_update` (Levenberg–Marquardt with fitted initial fields). Each
-computes loss, gradient and the step in one jitted program and returns the candidate state
-with a :class:`StepReport`.
+:func:`make_damped_update` (Levenberg–Marquardt, dense curvature of scalar parameters),
+:func:`make_matrix_free_update` (with fitted initial fields; their reduced variant:
+:mod:`pdefit.fitting.reduced_steps`), each one jitted program returning the candidate state
+and a :class:`StepReport`.
 
 Step control (:class:`StepLimits`, from the parameters' specs): every update, of every
 optimiser, is clipped so that no log-transformed parameter changes by more than a factor
@@ -147,7 +147,7 @@ def init_state(theta0: Any, optimizer: optax.GradientTransformation, loss_dtype:
     return _placed(state, _replicated(theta0))
 
 
-def _advanced(state: TrainState, theta: Any, opt_state: Any, value: jax.Array) -> TrainState:
+def advanced(state: TrainState, theta: Any, opt_state: Any, value: jax.Array) -> TrainState:
     """The state after one step to ``theta``, ``value`` being the loss at ``state.theta``
     (which becomes the best point if it beats the best so far)."""
     better = value < state.best_loss
@@ -252,9 +252,9 @@ class StepReport(NamedTuple):
     at_bound: jax.Array  # the step ended with a parameter on one of its bounds (StepLimits)
 
 
-def _report(state: TrainState, value: jax.Array, grad_norm: jax.Array, finite: jax.Array,
-            evaluations: jax.Array, describe: Callable[[Any], Mapping[str, Any]] | None,
-            at_bound: jax.Array) -> StepReport:
+def step_report(state: TrainState, value: jax.Array, grad_norm: jax.Array, finite: jax.Array,
+                evaluations: jax.Array, describe: Callable[[Any], Mapping[str, Any]] | None,
+                at_bound: jax.Array) -> StepReport:
     return StepReport(step=state.step, loss=value, grad_norm=grad_norm, finite=finite,
                       lr_scale=state.lr_scale, evaluations=jnp.asarray(evaluations, jnp.int32),
                       params=dict(describe(state.theta)) if describe else None,
@@ -286,9 +286,8 @@ def _value_and_grad(loss: Callable, state: TrainState, batch: Any,
     unscaled — under this update ``lr_scale`` is 1 until the first non-finite step and never
     returns to 1 (only Levenberg–Marquardt's update, which has no line search, restores it) — so
     L-BFGS evaluates once per line-search iteration rather than once more per step.
-    (``optax.value_and_grad_from_state`` reuses the stored pair too, but only tests it for
-    ∞: it would reuse it after a step scaled down by ``lr_scale``, and it does not say
-    whether it evaluated, which the evaluation count needs.)"""
+    (``optax.value_and_grad_from_state`` would reuse it after a step scaled by ``lr_scale``
+    and does not say whether it evaluated.)"""
     searched = _line_search_state(state.opt_state)
     if searched is None:
         value, grad = jax.value_and_grad(loss)(state.theta, batch)
@@ -311,7 +310,7 @@ def _zero_held(tree: Any, hold: Collection[str]) -> Any:
                                for name, value in tree["params"].items()}}
 
 
-def _free_positions(params: Mapping[str, Any], hold: Collection[str]) -> np.ndarray:
+def free_positions(params: Mapping[str, Any], hold: Collection[str]) -> np.ndarray:
     """Positions of the parameters not in ``hold`` in ``ravel_pytree(params)``'s order (a
     dict's leaves in key order), from shapes only: static under ``jit``."""
     flags = jax.tree.leaves({name: np.full(np.shape(value), name in hold)
@@ -344,8 +343,8 @@ def make_update(loss: Callable, optimizer: optax.GradientTransformation,
             state.theta, optax.apply_updates(state.theta, updates), limits)
         opt_state = _invalidate_line_search(opt_state, changed)
         evaluations = evaluated + _line_search_steps(opt_state)
-        return (_advanced(state, theta, opt_state, value),
-                _report(state, value, grad_norm, finite, evaluations, describe, at_bound))
+        return (advanced(state, theta, opt_state, value),
+                step_report(state, value, grad_norm, finite, evaluations, describe, at_bound))
 
     return update
 
@@ -371,7 +370,7 @@ def make_damped_update(loss: Callable, curvature: Callable,
     def update(state: TrainState, batch: Any):
         flat, unravel = ravel_pytree(state.theta["params"])
         if hold:
-            free = _free_positions(state.theta["params"], hold)
+            free = free_positions(state.theta["params"], hold)
             value, grad, matrix = curvature(state.theta, batch, free=free)
         else:
             free = np.arange(flat.shape[0])
@@ -384,7 +383,7 @@ def make_damped_update(loss: Callable, curvature: Callable,
         delta = (ravel_pytree(trial_theta["params"])[0] - flat)[free]
         predicted = -(g @ delta + 0.5 * delta @ matrix @ delta)
         trial = loss(trial_theta, batch)
-        accept, opt_state = _nielsen_update(state.opt_state, value, trial, predicted)
+        accept, opt_state = nielsen_update(state.opt_state, value, trial, predicted)
         theta = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, state.theta)
         at_bound = on_bound(theta["params"], limits) if limits else jnp.asarray(False)
         grad_norm = optax.tree.norm(grad)
@@ -393,9 +392,9 @@ def make_damped_update(loss: Callable, curvature: Callable,
         # steps near the bad point only, not for the rest of the stage (Gauss–Newton steps
         # converge quadratically only unscaled).
         lr_scale = jnp.where(accept, jnp.minimum(1.0, 2.0 * state.lr_scale), state.lr_scale)
-        return (_advanced(state, theta, opt_state, value)._replace(
+        return (advanced(state, theta, opt_state, value)._replace(
                     lr_scale=lr_scale.astype(state.lr_scale.dtype)),
-                _report(state, value, grad_norm, finite, 2, describe, at_bound))
+                step_report(state, value, grad_norm, finite, 2, describe, at_bound))
 
     return update
 
@@ -406,46 +405,46 @@ def make_matrix_free_update(loss: Callable, curvature: MatrixFree, cfg: OptimCon
                             ) -> Callable:
     """Levenberg–Marquardt over all of θ — parameters and fitted initial fields — with the
     contract of :func:`make_damped_update`: the step solves (G + λD) δ = −g by at most
-    ``cfg.krylov_iterations`` conjugate-gradient iterations on the matrix-free products of
-    :mod:`pdefit.fitting.krylov` (D: the parameters' exact Gauss–Newton diagonal, one
-    estimate per field), and is kept or rejected by the same rule (the predicted decrease
-    from one more product, G·δ, at the step actually tried). Its report counts the sweeps
-    over the window: :data:`MATRIX_FREE_SWEEPS` and one per conjugate-gradient iteration."""
+    ``cfg.krylov_iterations`` preconditioned conjugate-gradient iterations on the
+    matrix-free products of :mod:`pdefit.fitting.krylov`, and is kept or rejected by the same
+    rule (the predicted decrease from one more product, G·δ, at the step tried). Its report
+    counts the sweeps over the window: :data:`MATRIX_FREE_SWEEPS` and one per iteration."""
 
     @jax.jit
     def update(state: TrainState, batch: Any):
         theta = state.theta
-        free = _free_positions(theta["params"], hold)
+        free = free_positions(theta["params"], hold)
 
         def masked(tree):
             return _zero_held(tree, hold)
 
         value, grad = jax.value_and_grad(loss)(theta, batch)
         grad = masked(grad)
-        key = jax.random.wrap_key_data(state.key)
-        diagonal = curvature.diagonal(theta, batch, jax.random.fold_in(key, 1), free)
+        diagonal, block = curvature.scaling_and_block(
+            theta, batch, jax.random.fold_in(jax.random.wrap_key_data(state.key), 1), free)
 
         def product(v):
             return masked(curvature.product(theta, batch, masked(v)))
 
         damping = state.opt_state.damping
-        delta, iterations = damped_solve(product, grad, diagonal, damping,
-                                         cfg.krylov_iterations, cfg.krylov_rtol)
+        delta, iterations = damped_solve(
+            product, grad, diagonal, damping, cfg.krylov_iterations, cfg.krylov_rtol,
+            block if cfg.krylov_preconditioner == "parameter_block" else None)
         trial_theta, _, _ = limit_step(theta, jax.tree.map(
             lambda t, d: t + state.lr_scale.astype(t.dtype) * d, theta, delta), limits)
         delta = jax.tree.map(jnp.subtract, trial_theta, theta)
         predicted = -(_dot(grad, delta) + 0.5 * _dot(delta, product(delta)))
         trial = loss(trial_theta, batch)
-        accept, opt_state = _nielsen_update(state.opt_state, value, trial, predicted)
+        accept, opt_state = nielsen_update(state.opt_state, value, trial, predicted)
         new = jax.tree.map(lambda t, s: jnp.where(accept, t, s), trial_theta, theta)
         at_bound = on_bound(new["params"], limits) if limits else jnp.asarray(False)
         grad_norm = optax.tree.norm(grad)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
         lr_scale = jnp.where(accept, jnp.minimum(1.0, 2.0 * state.lr_scale), state.lr_scale)
-        return (_advanced(state, new, opt_state, value)._replace(
-                    lr_scale=lr_scale.astype(state.lr_scale.dtype)),
-                _report(state, value, grad_norm, finite, MATRIX_FREE_SWEEPS + iterations,
-                        describe, at_bound))
+        return (advanced(state, new, opt_state, value)._replace(
+                    lr_scale=lr_scale.astype(state.lr_scale.dtype)), step_report(
+                state, value, grad_norm, finite, MATRIX_FREE_SWEEPS + iterations, describe,
+                at_bound))
 
     return update
 
@@ -457,8 +456,7 @@ MATRIX_FREE_SWEEPS = 5
 
 def _dot(a: Any, b: Any) -> jax.Array:
     """Σ over leaves of ⟨a, b⟩."""
-    return sum(jnp.vdot(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b),
-                                              strict=True))
+    return sum(jnp.vdot(x, y) for x, y in zip(*map(jax.tree.leaves, (a, b)), strict=True))
 
 
 def _damped_step(matrix: jax.Array, g: jax.Array, damping: jax.Array, lr_scale: jax.Array,
@@ -473,8 +471,8 @@ def _damped_step(matrix: jax.Array, g: jax.Array, damping: jax.Array, lr_scale: 
     return -lr_scale.astype(dtype) * jnp.linalg.solve(system, g)
 
 
-def _nielsen_update(damping_state: DampingState, value: jax.Array, trial: jax.Array,
-                    predicted: jax.Array) -> tuple[jax.Array, DampingState]:
+def nielsen_update(damping_state: DampingState, value: jax.Array, trial: jax.Array,
+                   predicted: jax.Array) -> tuple[jax.Array, DampingState]:
     """Whether the trial step is kept (its loss finite and falling by at least 1e-4 of the
     predicted decrease), and the damping after it: shrunk by Nielsen's factor when kept, else
     raised by ν, which doubles on every rejection in a row."""
@@ -485,36 +483,3 @@ def _nielsen_update(damping_state: DampingState, value: jax.Array, trial: jax.Ar
     return accept, DampingState(
         jnp.where(accept, damping * shrink, damping * factor).astype(damping.dtype),
         jnp.where(accept, 2.0, 2.0 * factor).astype(factor.dtype))
-
-
-def step_update(loss: Callable, optimizer: optax.GradientTransformation, cfg: OptimConfig,
-                curvature: Callable | None,
-                describe: Callable[[Any], Mapping[str, Any]] | None,
-                hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
-    """The jitted update of ``cfg.name``: Levenberg–Marquardt's, or the optax one."""
-    if cfg.name == LEVENBERG_MARQUARDT:
-        if isinstance(curvature, MatrixFree):
-            return make_matrix_free_update(loss, curvature, cfg, describe, hold, limits)
-        if curvature is None:
-            raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
-                             "curvature (pdefit.fitting.gauss_newton)")
-        return make_damped_update(loss, curvature, describe, hold, limits)
-    return make_update(loss, optimizer, describe, hold, limits)
-
-
-def kept_step_update(steps: dict[Any, Any] | None, loss: Callable,
-                     optimizer: optax.GradientTransformation, cfg: OptimConfig,
-                     curvature: Callable | None,
-                     describe: Callable[[Any], Mapping[str, Any]] | None,
-                     hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
-    """:func:`step_update`, kept in ``steps`` (a dict the caller holds across fits of one
-    problem; None: built afresh) for later fits with the same loss, options, curvature (by
-    identity, kept in the entry so that its id is not reused), description, holds and limits:
-    those on arrays of the same shapes (a bootstrap's refits) then compile nothing new."""
-    key = (loss, cfg, hold, describe, id(curvature), repr(limits))
-    if steps is None or key not in steps:
-        built = step_update(loss, optimizer, cfg, curvature, describe, hold, limits)
-        if steps is None:
-            return built
-        steps[key] = (curvature, built)
-    return steps[key][1]

@@ -42,13 +42,13 @@ from pdefit.fitting.optimisers import (
     StepReport,
     TrainState,
     init_state,
-    kept_step_update,
     make_optimizer,
     step_limits,
 )
 from pdefit.fitting.resuming import ResumeMismatchError as ResumeMismatchError  # re-exported
 from pdefit.fitting.resuming import data_fingerprint, open_checkpoints
 from pdefit.fitting.resuming import resume_mismatch as resume_mismatch  # re-exported
+from pdefit.fitting.updates import kept_step_update
 from pdefit.model.params import ParameterLayout
 from pdefit.options import OptimConfig
 from pdefit.runtime.checkpoint import CheckpointOptions, CheckpointStore, write_json_atomic
@@ -100,7 +100,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     ``layout`` (the problem's :class:`~pdefit.model.params.ParameterLayout`) turns on the step
     control: bounds and ``optim.max_log_step``. ``steps``: a dict kept across fits of one
     problem, which then share their compiled step
-    (:func:`pdefit.fitting.optimisers.kept_step_update`).
+    (:func:`pdefit.fitting.updates.kept_step_update`).
 
     Raises :class:`Preempted` (a ``SystemExit`` with status 75) after a preemption signal, once
     the checkpoint is on disk, and :class:`TrainingDivergedError` after too many non-finite

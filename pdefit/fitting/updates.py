@@ -1,0 +1,60 @@
+"""Which jitted update a fit runs, and keeping it across fits of one problem.
+
+:func:`step_update` picks among the updates of :mod:`pdefit.fitting.optimisers` (optax,
+Levenberg–Marquardt on dense or matrix-free curvature) and :mod:`pdefit.fitting.reduced_steps`
+(``optim.parameter_step=reduced``); :func:`kept_step_update` keeps what it built for later fits
+of the same loss and options (a bootstrap's refits), so that they compile nothing new.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import optax
+
+from pdefit.fitting.krylov import MatrixFree
+from pdefit.fitting.optimisers import (
+    LEVENBERG_MARQUARDT,
+    StepLimits,
+    make_damped_update,
+    make_matrix_free_update,
+    make_update,
+)
+from pdefit.fitting.reduced_steps import make_reduced_update
+from pdefit.options import OptimConfig
+
+
+def step_update(loss: Callable, optimizer: optax.GradientTransformation, cfg: OptimConfig,
+                curvature: Callable | None,
+                describe: Callable[[Any], Mapping[str, Any]] | None,
+                hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
+    """The jitted update of ``cfg.name``: Levenberg–Marquardt's, or the optax one."""
+    if cfg.name == LEVENBERG_MARQUARDT:
+        if isinstance(curvature, MatrixFree):
+            make = make_reduced_update if cfg.parameter_step == "reduced" else (
+                make_matrix_free_update)
+            return make(loss, curvature, cfg, describe, hold, limits)
+        if curvature is None:
+            raise ValueError("optim.name=levenberg_marquardt needs the problem's Gauss–Newton "
+                             "curvature (pdefit.fitting.gauss_newton)")
+        return make_damped_update(loss, curvature, describe, hold, limits)
+    return make_update(loss, optimizer, describe, hold, limits)
+
+
+def kept_step_update(steps: dict[Any, Any] | None, loss: Callable,
+                     optimizer: optax.GradientTransformation, cfg: OptimConfig,
+                     curvature: Callable | None,
+                     describe: Callable[[Any], Mapping[str, Any]] | None,
+                     hold: frozenset[str], limits: StepLimits | None = None) -> Callable:
+    """:func:`step_update`, kept in ``steps`` (a dict the caller holds across fits of one
+    problem; None: built afresh) for later fits with the same loss, options, curvature (by
+    identity, kept in the entry so that its id is not reused), description, holds and limits:
+    those on arrays of the same shapes (a bootstrap's refits) then compile nothing new."""
+    key = (loss, cfg, hold, describe, id(curvature), repr(limits))
+    if steps is None or key not in steps:
+        built = step_update(loss, optimizer, cfg, curvature, describe, hold, limits)
+        if steps is None:
+            return built
+        steps[key] = (curvature, built)
+    return steps[key][1]
