@@ -124,7 +124,8 @@ def field_refit(loss: Callable, fields_step: Callable, cfg: OptimConfig) -> Call
 class ReducedParts:
     """What one reduced step needs at θ (fields near their optimum): S and r over the ``free``
     positions of the flattened parameters, and G_xx⁻¹ applied to the parameters' field
-    columns (``columns``: stacked like θ's fields, k first) and to g_x (the last)."""
+    columns G_xp e_i and to g_x (``solutions``: stacked like θ's fields, the k columns first,
+    g_x's last); ``sweeps``: what making them cost."""
 
     free: np.ndarray
     schur: jax.Array
