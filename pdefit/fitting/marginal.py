@@ -21,7 +21,7 @@ meat a·S, so the intervals, flags and residual verdict of
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -73,24 +73,38 @@ def marginal_parts(problem: FitProblem, theta: Any, batch: Batch,
     resolve: their solve stopped at its cap with S_ii below :data:`RESOLVED` of B_pp's) at
     ``theta``, over ``theta["params"]`` flattened in ``ravel_pytree`` order (see the module
     docstring); ``batch_size``: see :func:`batched`."""
-    columns, reduced_gradient, block, steps = _solved_columns(problem, theta, batch,
-                                                              iterations, batch_size)
-    schur = 0.5 * (block - columns)
+    every = np.arange(ravel_pytree(theta["params"])[0].shape[0])
+    parts = jax.jit(lambda th, b: solved_columns(problem, th, b, every, iterations, batch_size)
+                    ._replace(solutions=None))(theta, batch)
+    block = np.asarray(parts.block, np.float64)
+    schur = 0.5 * (block - np.asarray(parts.coupled, np.float64))
     schur = 0.5 * (schur + schur.T)
     held = 0.5 * np.diag(block)  # a parameter the data never see (0) is not determined, not lost
+    steps = np.asarray(parts.steps[:every.shape[0]])
     lost = np.flatnonzero((held > 0) & (np.diag(schur) < RESOLVED * held)
                           & (steps >= iterations))
-    return schur, np.asarray(reduced_gradient, np.float64), tuple(int(i) for i in lost)
+    return (schur, np.asarray(parts.reduced_gradient, np.float64),
+            tuple(int(i) for i in lost))
 
 
-def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: int,
-                    batch_size: int | None = None,
-                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """(G_px G_xx⁻¹ G_xp, g_p − G_px G_xx⁻¹ g_x, G_pp, the iterations of each column's solve)
-    for G = 2B, the full Gauss–Newton matrix of the loss; the k + 1 field solves run
-    ``batch_size`` at a time (:func:`batched`)."""
+class SolvedColumns(NamedTuple):
+    """The field solves behind a Schur complement, over the ``free`` positions of the
+    flattened parameters (k of them), for G the full Gauss–Newton matrix of the loss."""
+
+    block: jax.Array  # G_pp (k × k)
+    coupled: jax.Array  # G_px G_xx⁻¹ G_xp (k × k)
+    reduced_gradient: jax.Array  # g_p − G_px G_xx⁻¹ g_x (k)
+    solutions: Any  # G_xx⁻¹ G_xp e_i for each free i, then G_xx⁻¹ g_x: stacked like θ's fields
+    steps: jax.Array  # the iterations of each of the k + 1 solves
+
+
+def solved_columns(problem: FitProblem, theta: Any, batch: Batch, free: np.ndarray,
+                   iterations: int, batch_size: int | None = None) -> SolvedColumns:
+    """:class:`SolvedColumns` at ``theta`` (traceable: the caller jits it): k products for
+    the parameters' columns, then their k field parts and the gradient's as k + 1 solves of
+    at most ``iterations`` conjugate-gradient iterations, ``batch_size`` at a time
+    (:func:`batched`)."""
     flat, unravel = ravel_pytree(theta["params"])
-    k = flat.shape[0]
     zero = jax.tree.map(jnp.zeros_like, theta)
     fields_only, scale = field_block(problem, theta, batch)
 
@@ -99,22 +113,23 @@ def _solved_columns(problem: FitProblem, theta: Any, batch: Batch, iterations: i
 
     def column(unit):  # G·e_i: its parameter rows (G_pp) and its field rows (G_xp e_i)
         response = product({**zero, "params": unravel(unit)})
-        return ravel_pytree(response["params"])[0], response["fields"]
+        return ravel_pytree(response["params"])[0][free], response["fields"]
 
-    def coupled(rhs):  # G_px G_xx⁻¹ rhs, and the solve's iterations
+    def solved(rhs):  # G_xx⁻¹ rhs, G_px G_xx⁻¹ rhs and the solve's iterations
         solution = field_solution(fields_only, rhs, scale, iterations)
-        return (ravel_pytree(product({**zero, "fields": solution.value})["params"])[0],
-                solution.stats["num_steps"])
+        coupled = ravel_pytree(product({**zero, "fields": solution.value})["params"])[0]
+        return solution.value, coupled[free], solution.stats["num_steps"]
 
-    gradient = jax.jit(jax.grad(problem.loss))(theta, batch)
-    block, field_rows = batched(column, jnp.eye(k, dtype=flat.dtype), batch_size, batch)
+    gradient = jax.grad(problem.loss)(theta, batch)
+    units = jnp.eye(flat.shape[0], dtype=flat.dtype)[free]
+    block, field_rows = batched(column, units, batch_size, batch)
     # The gradient's field part is one more right-hand side of the same solves.
     rhs = jax.tree.map(lambda c, g: jnp.concatenate([c, g[None]]), field_rows,
                        gradient["fields"])
-    solved, steps = batched(coupled, rhs, batch_size, batch)
-    solved = np.asarray(solved, np.float64)
-    reduced = np.asarray(ravel_pytree(gradient["params"])[0]) - solved[k]
-    return solved[:k].T, reduced, np.asarray(block, np.float64).T, np.asarray(steps[:k])
+    solutions, coupled, steps = batched(solved, rhs, batch_size, batch)
+    k = free.shape[0]
+    reduced = ravel_pytree(gradient["params"])[0][free] - coupled[k]
+    return SolvedColumns(block.T, coupled[:k].T, reduced, solutions, steps)
 
 
 def batched(function: Any, stacked: Any, batch_size: int | None, batch: Batch) -> Any:
@@ -142,7 +157,9 @@ def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | 
             "fields"]
 
     key = jax.random.key(0) if key is None else key
-    return fields_only, krylov.MatrixFree(problem).diagonal(theta, batch, key)["fields"]
+    no_parameters = np.arange(0)  # the parameters' diagonal would cost k products, unused
+    return fields_only, krylov.MatrixFree(problem).diagonal(theta, batch, key,
+                                                            no_parameters)["fields"]
 
 
 def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> lx.Solution:

@@ -36,7 +36,7 @@ from jax.flatten_util import ravel_pytree
 
 from pdefit.fitting import marginal
 from pdefit.fitting import optimisers as opt
-from pdefit.fitting.krylov import MatrixFree, gauss_newton_product
+from pdefit.fitting.krylov import MatrixFree
 from pdefit.options import OptimConfig
 
 # λ of a stage's first reduced step, relative to diag S (Marquardt's usual start).
@@ -154,32 +154,10 @@ class ReducedParts:
 def reduced_parts(problem: Any, theta: Any, batch: Any, free: np.ndarray,
                   iterations: int) -> ReducedParts:
     """:class:`ReducedParts` at ``theta``: k + 1 field solves, batched as the intervals' are
-    (:func:`pdefit.fitting.marginal.batched`)."""
-    flat, unravel = ravel_pytree(theta["params"])
-    zero = jax.tree.map(jnp.zeros_like, theta)
-    fields_only, scale = marginal.field_block(problem, theta, batch)
-
-    def product(v):
-        return gauss_newton_product(problem, theta, batch, v)
-
-    def column(unit):  # G·e_i: the parameters' rows (G_pp) and the fields' (G_xp e_i)
-        response = product({**zero, "params": unravel(unit)})
-        return ravel_pytree(response["params"])[0][free], response["fields"]
-
-    def solved(rhs):  # G_xx⁻¹ rhs, G_px G_xx⁻¹ rhs and the iterations
-        solution = marginal.field_solution(fields_only, rhs, scale, iterations)
-        coupled = ravel_pytree(product({**zero, "fields": solution.value})["params"])[0]
-        return solution.value, coupled[free], solution.stats["num_steps"]
-
-    gradient = jax.grad(problem.loss)(theta, batch)
-    units = jnp.eye(flat.shape[0], dtype=flat.dtype)[free]
-    block, field_rows = marginal.batched(column, units, None, batch)
-    rhs = jax.tree.map(lambda c, g: jnp.concatenate([c, g[None]]), field_rows,
-                       gradient["fields"])
-    solutions, coupled, steps = marginal.batched(solved, rhs, None, batch)
+    (:func:`pdefit.fitting.marginal.solved_columns`)."""
+    parts = marginal.solved_columns(problem, theta, batch, free, iterations)
     k = free.shape[0]
-    schur = block.T - coupled[:k].T
-    reduced = ravel_pytree(gradient["params"])[0][free] - coupled[k]
-    sweeps = 1 + 2 * k + 1 + jnp.sum(steps).astype(jnp.int32)
-    return ReducedParts(free, 0.5 * (schur + schur.T), reduced, solutions, sweeps)
-
+    schur = parts.block - parts.coupled
+    sweeps = 1 + 2 * k + 1 + jnp.sum(parts.steps).astype(jnp.int32)
+    return ReducedParts(free, 0.5 * (schur + schur.T), parts.reduced_gradient,
+                        parts.solutions, sweeps)
