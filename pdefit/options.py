@@ -261,6 +261,9 @@ class OptimConfig:
     # at most reduced_tries damping values a step (pdefit.fitting.reduced_steps). "joint":
     # fields and parameters in one conjugate-gradient solve.
     parameter_step: str = "joint"
+    # At most this many steps in a stage that takes reduced steps (each costs tens of joint
+    # steps' sweeps; stages that fit the fields alone keep optim.steps); null: optim.steps.
+    reduced_steps: int | None = None
     reduced_field_steps: int = 10
     reduced_solve_iterations: int = 100
     reduced_tries: int = 3

@@ -122,6 +122,8 @@ def validate_optim(cfg: OptimConfig) -> None:
                           f"{cfg.parameter_step!r}")
     for key in ("reduced_field_steps", "reduced_solve_iterations", "reduced_tries"):
         _at_least(f"optim.{key}", getattr(cfg, key), 1)
+    if cfg.reduced_steps is not None:
+        _at_least("optim.reduced_steps", cfg.reduced_steps, 1)
 
 
 def validate_fit(cfg: FitConfig | DictConfig, log: Callable[[str], None] = print) -> None:

@@ -48,7 +48,7 @@ from pdefit.fitting.optimisers import (
 from pdefit.fitting.resuming import ResumeMismatchError as ResumeMismatchError  # re-exported
 from pdefit.fitting.resuming import data_fingerprint, open_checkpoints
 from pdefit.fitting.resuming import resume_mismatch as resume_mismatch  # re-exported
-from pdefit.fitting.updates import kept_step_update
+from pdefit.fitting.updates import kept_step_update, stage_options
 from pdefit.model.params import ParameterLayout
 from pdefit.options import OptimConfig
 from pdefit.runtime.checkpoint import CheckpointOptions, CheckpointStore, write_json_atomic
@@ -109,6 +109,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     optimizer = make_optimizer(cfg)
     hold = frozenset(hold)
     _check_hold(theta0, hold)
+    cfg = stage_options(cfg, curvature, hold)  # optim.reduced_steps where steps are reduced
     update = kept_step_update(steps, loss, optimizer, cfg, curvature, describe, hold,
                               step_limits(layout, cfg))
     state = init_state(theta0, optimizer, jax.eval_shape(loss, theta0, batch).dtype, seed)

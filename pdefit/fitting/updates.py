@@ -2,12 +2,14 @@
 
 :func:`step_update` picks among the updates of :mod:`pdefit.fitting.optimisers` (optax,
 Levenberg–Marquardt on dense or matrix-free curvature) and :mod:`pdefit.fitting.reduced_steps`
-(``optim.parameter_step=reduced``); :func:`kept_step_update` keeps what it built for later fits
+(``optim.parameter_step=reduced``, with its own step count: :func:`stage_options`);
+:func:`kept_step_update` keeps what it built for later fits
 of the same loss and options (a bootstrap's refits), so that they compile nothing new.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,6 +25,24 @@ from pdefit.fitting.optimisers import (
 )
 from pdefit.fitting.reduced_steps import make_reduced_update
 from pdefit.options import OptimConfig
+
+
+def takes_reduced_steps(cfg: OptimConfig, curvature: Callable | None,
+                        hold: frozenset[str]) -> bool:
+    """Whether a fit with these options, curvature and holds steps its parameters on the
+    fields' Schur complement (a stage that holds every fitted parameter takes joint steps)."""
+    return (cfg.name == LEVENBERG_MARQUARDT and cfg.parameter_step == "reduced"
+            and isinstance(curvature, MatrixFree)
+            and not set(curvature.problem.layout.fitted) <= hold)
+
+
+def stage_options(cfg: OptimConfig, curvature: Callable | None,
+                  hold: frozenset[str]) -> OptimConfig:
+    """``cfg`` with ``optim.reduced_steps`` as its step count where the fit takes reduced
+    steps, else ``cfg``."""
+    if cfg.reduced_steps is None or not takes_reduced_steps(cfg, curvature, hold):
+        return cfg
+    return dataclasses.replace(cfg, steps=cfg.reduced_steps)
 
 
 def step_update(loss: Callable, optimizer: optax.GradientTransformation, cfg: OptimConfig,

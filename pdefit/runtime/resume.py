@@ -20,7 +20,7 @@ DRIVING_KEYS = ("run.", "mesh.", "distributed.", "rank.", "evaluate.",
 # Keys that only say when to stop: a finished (or stopped) run may be continued with more
 # optim.steps or other stopping tolerances. With a decaying learning-rate schedule the
 # schedule is recomputed for the new step count from the step reached.
-CONTINUATION_KEYS = ("optim.steps", "optim.grad_tol", "optim.patience")
+CONTINUATION_KEYS = ("optim.steps", "optim.reduced_steps", "optim.grad_tol", "optim.patience")
 
 
 def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
