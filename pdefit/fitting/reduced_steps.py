@@ -49,10 +49,10 @@ def make_reduced_update(loss: Callable, curvature: MatrixFree, cfg: OptimConfig,
                         limits: opt.StepLimits | None = None) -> Callable:
     """``update(state, batch) -> (state, StepReport)`` of the module docstring, with the
     contract of :func:`pdefit.fitting.optimisers.make_matrix_free_update` (the report's loss:
-    at ``state.theta``; its evaluations: the sweeps over the window)."""
+    at ``state.theta``; its evaluations: the sweeps over the window), for a fit with at
+    least one parameter not in ``hold`` (:func:`pdefit.fitting.updates.takes_reduced_steps`
+    gives the stages holding all of them joint steps)."""
     problem = curvature.problem
-    if set(problem.layout.fitted) <= set(hold):  # a stage that fits the fields alone
-        return opt.make_matrix_free_update(loss, curvature, cfg, describe, hold, limits)
     refit = field_refit(loss, opt.make_matrix_free_update(
         loss, curvature, dataclasses.replace(cfg, parameter_step="joint"), None,
         frozenset(problem.layout.fitted), limits), cfg)

@@ -52,7 +52,7 @@ def step_update(loss: Callable, optimizer: optax.GradientTransformation, cfg: Op
     """The jitted update of ``cfg.name``: Levenberg–Marquardt's, or the optax one."""
     if cfg.name == LEVENBERG_MARQUARDT:
         if isinstance(curvature, MatrixFree):
-            make = make_reduced_update if cfg.parameter_step == "reduced" else (
+            make = make_reduced_update if takes_reduced_steps(cfg, curvature, hold) else (
                 make_matrix_free_update)
             return make(loss, curvature, cfg, describe, hold, limits)
         if curvature is None:
