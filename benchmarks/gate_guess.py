@@ -60,6 +60,13 @@ def relative_l2(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def write_results(args: argparse.Namespace, rows: list[dict], **extra: float) -> None:
+    """The command's arguments, ``extra`` and the table's rows as JSON at ``args.output``."""
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
+                                       **extra, "rows": rows}, indent=2))
+
+
 def paced_beat(system, params, cycle_length: float, dt: float, beats: int) -> dict:
     """One cell (a 1 × 1 no-flux grid) paced by 0.5/ms for 1 ms every ``cycle_length`` ms: the
     last of ``beats`` + 1 beats, sampled every SAMPLE ms."""
@@ -108,17 +115,26 @@ def matched(library: list[dict], u: np.ndarray, frame_dt: float, count: int) -> 
     return {g: np.asarray(v).reshape(u.shape[1:]) for g, v in gates.items()}
 
 
+def opened(path: Path):
+    """(the dataset at ``path``, its recorded config, its system), in float64."""
+    jax.config.update("jax_enable_x64", True)
+    dataset = zd.open_dataset(path)
+    config = dataset.meta.provenance["config"]
+    return dataset, config, get_system(config["system"]["name"], **config["system"]["options"])
+
+
+def as_arrays(params: dict) -> dict:
+    return {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
+
+
 def main() -> None:
     args = arguments()
-    jax.config.update("jax_enable_x64", True)
-    dataset = zd.open_dataset(args.data)
+    dataset, config, system = opened(args.data)
     meta = dataset.meta
-    config = meta.provenance["config"]
     params = dict(meta.true_params)
     if args.params == "start":
         params.update(config["fit"]["start"])
-    params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
-    system = get_system(config["system"]["name"], **config["system"]["options"])
+    params = as_arrays(params)
     u = np.asarray(dataset.read("u", 0), np.float64)
     truth = {g: np.asarray(dataset.read(g, 0, frames=0), np.float64) for g in GATES}
     rows = []
@@ -141,9 +157,7 @@ def main() -> None:
     for r in rows:
         print(f"| {r['guess']} | {r['frames']} | {100 * r['v']:.1f} | {100 * r['w']:.1f} | "
               f"{100 * r['s']:.1f} |")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                       "library_s": library_s, "rows": rows}, indent=2))
+    write_results(args, rows, library_s=library_s)
 
 
 if __name__ == "__main__":

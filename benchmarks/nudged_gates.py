@@ -28,20 +28,16 @@ How to run
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from gate_guess import GATES, as_arrays, opened, relative_l2, write_results  # a sibling
 
-from pdefit import data as zd
 from pdefit.numerics.grid import Grid
 from pdefit.numerics.integrate import make_stepper
-from pdefit.systems import get_system
-
-GATES = ("v", "w", "s")
 
 
 def arguments() -> argparse.Namespace:
@@ -57,10 +53,6 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--output", type=Path,
                         default=Path("benchmarks/results/nudged_gates.json"))
     return parser.parse_args()
-
-
-def relative_l2(a: np.ndarray, b: np.ndarray) -> float:
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
 def start_parameters(config: dict, truth: dict[str, float], seed: int) -> dict[str, float]:
@@ -119,15 +111,11 @@ def misfit_after(free, state: dict, recorded: jax.Array, count: int) -> float:
 
 def main() -> None:
     args = arguments()
-    jax.config.update("jax_enable_x64", True)
-    dataset = zd.open_dataset(args.data)
+    dataset, config, system = opened(args.data)
     meta = dataset.meta
-    config = meta.provenance["config"]
     truth = dict(meta.true_params)
-    params = truth if args.start_seed is None else start_parameters(config, truth,
-                                                                    args.start_seed)
-    params = {k: jnp.asarray(v, jnp.float64) for k, v in params.items()}
-    system = get_system(config["system"]["name"], **config["system"]["options"])
+    params = as_arrays(truth if args.start_seed is None
+                       else start_parameters(config, truth, args.start_seed))
     grid = Grid(meta.grid_shape, meta.grid_spacing, meta.boundaries)
     recorded = jnp.asarray(dataset.read("u", 0), jnp.float64)
     gates = {g: np.asarray(dataset.read(g, 0), np.float64) for g in GATES}
@@ -163,9 +151,7 @@ def main() -> None:
         misfit = "—" if r["misfit_over_sigma2"] is None else f"{r['misfit_over_sigma2']:.4g}"
         print(f"| {r['guess']} | {r['frames']} | {kappa} | {100 * r['v']:.1f} | "
               f"{100 * r['w']:.1f} | {100 * r['s']:.1f} | {misfit} |")
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                       "seconds": seconds, "rows": rows}, indent=2))
+    write_results(args, rows, seconds=seconds)
 
 
 if __name__ == "__main__":
