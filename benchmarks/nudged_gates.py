@@ -9,14 +9,14 @@ shipped quasi-steady guess) for K frames with u relaxed towards the recording,
 
     du/dt = f(u, v, w, s) + κ (u_rec(t) − u),
 
-u_rec linear in time between frames, Heun at the fit's step (``--steps-per-frame``). At
-frame K it prints the gates' relative L2 error against the dataset's, beside the
-quasi-steady guess made from the recorded u at frame K, and the misfit (in units of σ²)
-of a free run from the nudged state over the frames after K, the window a fit would then
-fit (for scale: the same from the recorded u and the dataset's noisy gates at frame K).
-At the dataset's true parameters or at a start seed's (``--start-seed``: the parameters as
-``fit.perturb`` draws them from the dataset's recorded ``fit.perturb``).
-Prints a table, writes JSON.
+u_rec linear in time between frames, stepped as the dataset's fit steps (its integrator,
+``--steps-per-frame`` steps a frame). At frame K it prints the gates' relative L2 error
+against the dataset's, beside the quasi-steady guess made from the recorded u at frame K,
+and the misfit (in units of σ²) of a free run from the nudged state over the frames after
+K, the window a fit would then fit (for scale: the same from the recorded u and the
+dataset's noisy gates at frame K). At the dataset's true parameters or at a start seed's
+(``--start-seed``: the parameters a fit of the dataset's recorded ``fit.params`` draws
+with its ``fit.perturb``). Prints a table, writes JSON.
 
 How to run
 ----------
@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 from gate_guess import GATES, as_arrays, opened, relative_l2, write_results  # a sibling
 
+import pdefit
 from pdefit.numerics.grid import Grid
 from pdefit.numerics.integrate import make_stepper
 
@@ -55,27 +56,29 @@ def arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
-def start_parameters(config: dict, truth: dict[str, float], seed: int) -> dict[str, float]:
-    """The start ``fit.perturb`` draws for seed ``seed``: each fitted parameter × U(low, high),
-    in the order of ``fit.params`` (as pdefit.fitting.assemble draws them)."""
+def start_parameters(dataset, system, config: dict, seed: int) -> dict[str, float]:
+    """The start a fit of ``config``'s ``fit.params`` draws for ``fit.perturb.seed = seed``
+    (pdefit.build_problem draws it as the command line does)."""
     perturb = config["fit"]["perturb"]
-    names = list(config["fit"]["params"])
-    factors = np.random.default_rng(seed).uniform(perturb["low"], perturb["high"], len(names))
-    return {**truth, **{n: truth[n] * float(f) for n, f in zip(names, factors, strict=True)}}
+    setup = pdefit.build_problem(system, dataset, fit=list(config["fit"]["params"]),
+                                 observe=["u"],
+                                 initial_fields=dict.fromkeys(system.fields, "fit"),
+                                 perturb=(perturb["low"], perturb["high"], seed))
+    return {**dataset.meta.true_params, **setup.start_values}
 
 
-def runs(system, grid: Grid, params: dict, recorded: jax.Array, dt: float,
+def runs(system, grid: Grid, integrator: str, params: dict, recorded: jax.Array, dt: float,
          steps_per_frame: int):
-    """(nudged(κ, K) → the state at frame K, free(state, K) → u at the frames after K)."""
-    free_step = make_stepper("heun", lambda s, p, t: system.rhs(s, p, t, grid))
+    """(nudged(κ, K) → the state at frame K, free(state) → u at every frame after the
+    state's), both stepped by ``integrator``; the nudged rate takes (params, u_rec, κ)."""
+    free_step = make_stepper(integrator, lambda s, p, t: system.rhs(s, p, t, grid))
 
-    def nudged_step(state, target, kappa):
-        def rate(s):
-            out = system.rhs(s, params, 0.0, grid)
-            return {**out, "u": out["u"] + kappa * (target - s["u"])}
-        k1 = rate(state)
-        k2 = rate(jax.tree.map(lambda x, d: x + dt * d, state, k1))
-        return jax.tree.map(lambda x, a, b: x + 0.5 * dt * (a + b), state, k1, k2)
+    def nudged_rate(state, forcing, t):
+        physical, target, kappa = forcing
+        out = system.rhs(state, physical, t, grid)
+        return {**out, "u": out["u"] + kappa * (target - state["u"])}
+
+    nudged_step = make_stepper(integrator, nudged_rate)
 
     @jax.jit
     def nudged(kappa, frames):
@@ -83,9 +86,9 @@ def runs(system, grid: Grid, params: dict, recorded: jax.Array, dt: float,
 
         def frame(state, i):
             def sub(state, j):
-                weight = (j + 0.5) / steps_per_frame
+                weight = (j + 0.5) / steps_per_frame  # u_rec held over a step at its middle
                 target = (1 - weight) * recorded[i] + weight * recorded[i + 1]
-                return nudged_step(state, target, kappa), None
+                return nudged_step(state, (params, target, kappa), 0.0, dt), None
             return jax.lax.scan(sub, state, jnp.arange(steps_per_frame))[0], None
 
         index = jnp.arange(recorded.shape[0] - 1)
@@ -115,13 +118,15 @@ def main() -> None:
     meta = dataset.meta
     truth = dict(meta.true_params)
     params = as_arrays(truth if args.start_seed is None
-                       else start_parameters(config, truth, args.start_seed))
+                       else start_parameters(dataset, system, config, args.start_seed))
     grid = Grid(meta.grid_shape, meta.grid_spacing, meta.boundaries)
+    integrator = config["system"]["integrator"]
     recorded = jnp.asarray(dataset.read("u", 0), jnp.float64)
     gates = {g: np.asarray(dataset.read(g, 0), np.float64) for g in GATES}
     sigma = float(meta.noise["sigma"])
     dt = meta.dt * meta.steps_per_frame / args.steps_per_frame
-    nudged, free = runs(system, grid, params, recorded, dt, args.steps_per_frame)
+    nudged, free = runs(system, grid, integrator, params, recorded, dt,
+                        args.steps_per_frame)
     started = time.perf_counter()
     rows = []
     for count in args.frames:
