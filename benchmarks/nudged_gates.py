@@ -34,9 +34,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-from gate_guess import GATES, as_arrays, opened, relative_l2, write_results  # a sibling
 
-import pdefit
+# gate_guess.py: the sibling script this one shares its dataset handling with.
+from gate_guess import GATES, as_arrays, opened, relative_l2, start_parameters, write_results
+
 from pdefit.numerics.grid import Grid
 from pdefit.numerics.integrate import make_stepper
 
@@ -54,17 +55,6 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--output", type=Path,
                         default=Path("benchmarks/results/nudged_gates.json"))
     return parser.parse_args()
-
-
-def start_parameters(dataset, system, config: dict, seed: int) -> dict[str, float]:
-    """The start a fit of ``config``'s ``fit.params`` draws for ``fit.perturb.seed = seed``
-    (pdefit.build_problem draws it as the command line does)."""
-    perturb = config["fit"]["perturb"]
-    setup = pdefit.build_problem(system, dataset, fit=list(config["fit"]["params"]),
-                                 observe=["u"],
-                                 initial_fields=dict.fromkeys(system.fields, "fit"),
-                                 perturb=(perturb["low"], perturb["high"], seed))
-    return {**dataset.meta.true_params, **setup.start_values}
 
 
 def runs(system, grid: Grid, integrator: str, params: dict, recorded: jax.Array, dt: float,
