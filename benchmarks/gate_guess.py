@@ -126,13 +126,13 @@ def opened(path: Path):
     return dataset, config, get_system(config["system"]["name"], **config["system"]["options"])
 
 
-def start_parameters(dataset, system, config: dict, seed: int) -> dict[str, float]:
-    """The start a fit of ``config``'s ``fit.params`` draws for ``fit.perturb.seed = seed``
-    (pdefit.build_problem draws it as the command line does; a dataset's recorded
-    ``fit.start`` is not read: realistic.py's record none, and an empty one is the truth)."""
-    perturb = config["fit"]["perturb"]
-    setup = pdefit.build_problem(system, dataset, fit=list(config["fit"]["params"]),
-                                 observe=["u"],
+def start_parameters(dataset, system, fit: dict, seed: int) -> dict[str, float]:
+    """The start a fit of ``fit["params"]`` (a dataset's recorded ``fit`` config) draws with
+    its ``fit["perturb"]`` for ``fit.perturb.seed = seed`` (pdefit.build_problem draws it as
+    the command line does; the recorded ``fit.start`` is not read: realistic.py's datasets
+    record none, and an empty one is the truth)."""
+    perturb = fit["perturb"]
+    setup = pdefit.build_problem(system, dataset, fit=list(fit["params"]), observe=["u"],
                                  initial_fields=dict.fromkeys(system.fields, "fit"),
                                  perturb=(perturb["low"], perturb["high"], seed))
     return {**dataset.meta.true_params, **setup.start_values}
@@ -147,7 +147,7 @@ def main() -> None:
     dataset, config, system = opened(args.data)
     meta = dataset.meta
     params = as_arrays(dict(meta.true_params) if args.start_seed is None
-                       else start_parameters(dataset, system, config, args.start_seed))
+                       else start_parameters(dataset, system, config["fit"], args.start_seed))
     u = np.asarray(dataset.read("u", 0), np.float64)
     truth = {g: np.asarray(dataset.read(g, 0, frames=0), np.float64) for g in GATES}
     rows = []

@@ -108,7 +108,7 @@ def main() -> None:
     meta = dataset.meta
     truth = dict(meta.true_params)
     params = as_arrays(truth if args.start_seed is None
-                       else start_parameters(dataset, system, config, args.start_seed))
+                       else start_parameters(dataset, system, config["fit"], args.start_seed))
     grid = Grid(meta.grid_shape, meta.grid_spacing, meta.boundaries)
     integrator = config["system"]["integrator"]
     recorded = jnp.asarray(dataset.read("u", 0), jnp.float64)
