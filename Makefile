@@ -14,6 +14,8 @@ BIN := $(VENV)/bin
 # 61 → 37 s alone) in 19.6 min quiet (24.9 and 32.4 min beside a 2-core benchmark); 598 (a
 # bootstrap's refits share their compiled step) in 15.8 min quiet (17.3 with --durations).
 # 607 (reduced steps: about 52 s alone for their test) in 33.3 min beside two 2-core fits.
+# 611 (the field solves preconditioned cell by cell: about 53 s alone for their test) in
+# 17.8 min quiet.
 TEST_WORKERS ?= 2
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 

@@ -258,7 +258,7 @@ class OptimConfig:
     # "reduced": each step fits the fields alone first (reduced_field_steps matrix-free
     # steps), then steps the parameters on the Schur complement of the fields (k + 1 field
     # solves of at most reduced_solve_iterations iterations), refitting the fields after it,
-    # at most reduced_tries damping values a step (pdefit.fitting.reduced_steps). "joint":
+    # at most reduced_tries trust radii a step (pdefit.fitting.reduced_steps). "joint":
     # fields and parameters in one conjugate-gradient solve.
     parameter_step: str = "joint"
     # At most this many steps in a stage that takes reduced steps (each costs tens of joint
@@ -267,6 +267,9 @@ class OptimConfig:
     reduced_field_steps: int = 10
     reduced_solve_iterations: int = 100
     reduced_tries: int = 3
+    # The trust radius of a stage's first reduced step: the Euclidean length of the
+    # parameters' step in their unconstrained coordinates (0.1: about 10 % of a log one).
+    reduced_radius: float = 0.1
     # Levenberg–Marquardt's damping λ at the start (relative to the scaling D): 1 takes a
     # first step half as long as Gauss–Newton's, safer from a poor first guess of fields.
     initial_damping: float = 1e-3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -229,12 +230,15 @@ def test_field_solves_batched_under_vmap_equal_solves_one_at_a_time():
     problem, batch, theta = _fields_problem()
     problem = dataclasses.replace(problem, regularization=Regularization(field_background=0.02))
     apart = marginal.marginal_parts(problem, theta, batch, batch_size=1)
+    # The reduced gradient g_p − G_px G_xx⁻¹ g_x is a difference of terms 100 × larger than
+    # itself here: its rounding is that of g_p.
+    gradient = ravel_pytree(jax.grad(problem.loss)(theta, batch)["params"])[0]
     for size in (None, 2):
         together = marginal.marginal_parts(problem, theta, batch, batch_size=size)
         np.testing.assert_allclose(together[0], apart[0], rtol=1e-9,
                                    atol=1e-12 * np.abs(apart[0]).max())
         np.testing.assert_allclose(together[1], apart[1], rtol=1e-9,
-                                   atol=1e-12 * np.abs(apart[1]).max())
+                                   atol=1e-10 * np.abs(gradient).max())
     one_by_one = signal.field_signal(problem, theta, batch, probes=4, batch_size=1)
     at_once = signal.field_signal(problem, theta, batch, probes=4)
     assert at_once["solver_iterations"] == one_by_one["solver_iterations"]
@@ -422,3 +426,73 @@ def _all_fields_fit(parameter_step):
     true = problem.layout.physical(truth["params"])
     return ([abs(float(fitted[n]) / float(true[n]) - 1) for n in ("k", "a")],
             history.losses)
+
+
+def test_the_probed_cell_diagonal_is_exact_for_a_local_operator():
+    """An operator that couples each cell with its neighbours (a 5-point stencil of cell-wise
+    coefficients) and two fields at the same cell: the lattice probes of
+    marginal.cell_diagonal see no other cell of their lattice, so the diagonal is exact, for
+    any number of probes run together, on a grid the lattice does not divide."""
+    rng = np.random.default_rng(3)
+    shape = (2, 11, 9)
+    weight = {f: jnp.asarray(rng.uniform(1e-2, 1.0, shape) ** 2) for f in ("u", "v")}
+
+    def product(x):
+        def stencil(z, c):
+            padded = jnp.pad(z, ((0, 0), (1, 1), (1, 1)))
+            neighbours = (padded[:, :-2, 1:-1] + padded[:, 2:, 1:-1] + padded[:, 1:-1, :-2]
+                          + padded[:, 1:-1, 2:])
+            return c * z + 0.1 * neighbours
+        return {"u": stencil(x["u"], weight["u"]) + 0.3 * x["v"],
+                "v": stencil(x["v"], weight["v"]) + 0.3 * x["u"]}
+
+    fields = {f: jnp.zeros(shape) for f in ("u", "v")}
+    for size in (1, 5, 64):
+        diagonal = marginal.cell_diagonal(product, fields, jax.random.key(0), size)
+        for f in fields:
+            np.testing.assert_allclose(diagonal[f], weight[f], rtol=1e-12)
+
+
+def test_field_solves_preconditioned_cell_by_cell_converge_where_one_number_per_field_does_not():
+    """Voltage-only BOCF (u observed, the gates hidden and fitted): the data see a gate's
+    cells by decades more or less, so the Schur complement's field solves preconditioned by
+    the probed diagonal (marginal.field_block) reach their tolerance (measured: in 93
+    iterations) where one number per field (the fit's step scaling) stops short at 150."""
+    setup = _bocf_voltage_setup()
+    problem, batch, theta = setup.problem, setup.batch, setup.theta0
+    fields_only, cells = marginal.field_block(problem, theta, batch)
+    per_field = krylov.MatrixFree(problem).diagonal(theta, batch, jax.random.key(0),
+                                                   np.arange(0))["fields"]
+    spread = {f: float(jnp.max(d) / jnp.min(d)) for f, d in cells.items()}
+    assert max(spread.values()) > 1e3, spread
+    zero = jax.tree.map(jnp.zeros_like, theta)
+    flat, unravel = ravel_pytree(theta["params"])
+    column = krylov.gauss_newton_product(problem, theta, batch, {**zero, "params": unravel(
+        jnp.zeros_like(flat).at[0].set(1.0))})["fields"]
+    steps = {name: int(marginal.field_solution(fields_only, column, scale, 150).stats[
+        "num_steps"]) for name, scale in (("cells", cells), ("per field", per_field))}
+    assert steps["cells"] <= 115 and steps["per field"] >= 150, steps
+
+
+def _bocf_voltage_setup():
+    """BOCF TNNP on 32², waves from random stimuli, u recorded every 0.5 ms for 5 ms with σ = 0.02
+    (Heun at 0.5/14 ms); the ten parameters of bocf_from_voltage at the truth, u(0) and the
+    gates fitted from BOCF's first guess under the experiment's background prior."""
+    import tempfile
+
+    import pdefit
+    from pdefit.numerics.grid import Grid
+
+    system = pdefit.get_system("bocf", initial="stimuli", laplacian="9pt")
+    dt, truth = 0.5 / 14, {"D": 0.1}
+    with tempfile.TemporaryDirectory() as where:
+        data = pdefit.simulate_dataset(system, Path(where) / "u.zarr",
+                                       grid=Grid((32, 32), (1.0, 1.0)), dt=dt, n_frames=11,
+                                       steps_per_frame=14, params=truth, noise_sigma=0.02,
+                                       integrator="heun", fields=["u"], precision="float64")
+        names = ["u_s", "u_so", "k_so", "tau_so1", "tau_si", "k_s", "u_u", "theta_v", "D",
+                 "tau_fi"]
+        return pdefit.build_problem(
+            system, data, fit=names, start=data.meta.true_params, params=truth,
+            initial_fields=dict.fromkeys(("u", "v", "w", "s"), "fit"),
+            regularization={"field_background": 0.02**2 / (11 * 0.09)}, precision="float64")

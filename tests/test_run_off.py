@@ -184,6 +184,7 @@ def test_command_line_multi_start_says_which_start_won(tmp_path):
     ("optim.reduced_tries=0", "optim.reduced_tries"),
     ("optim.reduced_field_steps=0", "optim.reduced_field_steps"),
     ("optim.reduced_steps=0", "optim.reduced_steps"),
+    ("optim.reduced_radius=0", "optim.reduced_radius"),
     # Reduced steps eliminate fitted initial fields: this fit has none (and L-BFGS).
     ("optim.parameter_step=reduced", "optim.parameter_step")])
 def test_bad_step_options_are_refused_naming_the_key(tmp_path, override, key):

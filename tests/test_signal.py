@@ -13,7 +13,7 @@ import pytest
 from helpers import ap_problem, dense_gauss_newton, weighted_frame_residuals
 from jax.flatten_util import ravel_pytree
 
-from pdefit.fitting import krylov, outcome, signal
+from pdefit.fitting import krylov, marginal, outcome, signal
 from pdefit.fitting.problem import Regularization
 from pdefit.fitting.shooting import Shooting
 
@@ -84,12 +84,21 @@ def test_random_probes_estimate_the_trace_within_their_standard_error():
         "cap)" in signal.format_signal(short)[0]
 
 
-def test_an_estimate_beyond_the_fields_size_is_reported_as_all_of_it():
+def test_an_estimate_beyond_the_fields_size_is_reported_as_all_of_it(monkeypatch):
     """tr A over a field lies in [0, its number of values]; two probes and solves cut at 5
-    iterations put u's estimate above its 64 (a 512² BOCF fit printed 2.622e+05 of its
-    262144 values): the degrees of freedom are then the bound, the line says "all" and the
-    estimate is kept."""
+    iterations, preconditioned by one number per field (as the solves were before their
+    cells' diagonal), put u's estimate above its 64 (a 512² BOCF fit printed 2.622e+05 of
+    its 262144 values): the degrees of freedom are then the bound, the line says "all" and
+    the estimate is kept."""
     problem, batch, theta = _problem((8, 8), 1e-5, fitted=())
+
+    def one_number_per_field(problem, theta, batch, key=None):  # the fit's field scaling
+        product = field_block(problem, theta, batch, key)[0]
+        scale = krylov.MatrixFree(problem).diagonal(theta, batch, key, np.arange(0))
+        return product, scale["fields"]
+
+    field_block = marginal.field_block
+    monkeypatch.setattr(marginal, "field_block", one_number_per_field)
     result = signal.field_signal(problem, theta, batch, probes=2, seed=1, iterations=5)
     u = result["fields"]["u"]
     assert u["estimate"] > 64 and u["signal_dof"] == 64 and u["determined_fraction"] == 1

@@ -124,6 +124,8 @@ def validate_optim(cfg: OptimConfig) -> None:
         _at_least(f"optim.{key}", getattr(cfg, key), 1)
     if cfg.reduced_steps is not None:
         _at_least("optim.reduced_steps", cfg.reduced_steps, 1)
+    if not _number("optim.reduced_radius", cfg.reduced_radius) > 0:
+        raise ConfigError(f"optim.reduced_radius must be > 0, got {cfg.reduced_radius!r}")
 
 
 def validate_fit(cfg: FitConfig | DictConfig, log: Callable[[str], None] = print) -> None:

@@ -14,6 +14,13 @@ conjugate gradients on the field block, preconditioned like the fit's steps, all
 batched under ``vmap`` (:func:`batched`). The same solve reduces the gradient
 (g_p − B_px B_xx⁻¹ g_x), whose Gauss–Newton step tells how far a fit stopped from its optimum.
 
+The field solves are preconditioned by B_xx's diagonal cell by cell (:func:`cell_diagonal`),
+not by one number per field as the fit's steps scale them: a hidden field's cells differ in
+how much the data see them by decades (BOCF's gates at 64² on 10 ms of voltage: 2e-8 to 1e-3,
+the prior's floor to a cell about to fire), and after 100 iterations one number per field
+left these solves at relative residuals (2-norm) of 1e-3–1e-2, the cells' diagonal at
+2e-9–2e-8 (docs/benchmarks.md, "The field solves preconditioned cell by cell").
+
 What the result is, is :class:`pdefit.fitting.uncertainty.CurvatureParts` with bread S and
 meat a·S, so the intervals, flags and residual verdict of
 :func:`pdefit.fitting.uncertainty.estimate` apply unchanged.
@@ -42,6 +49,12 @@ RESOLVED = 1e-3
 # Solves batched together each hold the model's tangent at every observed frame (as much
 # memory as the data); a batch holds at most this many bytes of them.
 BATCH_BYTES = 2**31
+# The lattice of cells probed together for the field block's diagonal (:func:`cell_diagonal`):
+# every PROBE_SPACING-th cell along each axis, PROBE_SPACING² probes per field.
+PROBE_SPACING = 4
+# A probed diagonal entry is floored at this share of its field's mean: the probe's crosstalk
+# can leave a cell the data hardly see at zero or below, which no preconditioner may divide by.
+PROBE_FLOOR = 1e-6
 
 
 def fields_reason(problem: FitProblem, weights: dict[str, Any]) -> str | None:
@@ -138,18 +151,25 @@ def batched(function: Any, stacked: Any, batch_size: int | None, batch: Batch) -
     observed frames allow). A batch shares the model's primal sweep between its members'
     tangents and adjoints, and a GPU runs them side by side."""
     count = jax.tree.leaves(stacked)[0].shape[0]
+    size = batch_size_for(batch, batch_size, count)
+    return jax.jit(lambda xs: jax.lax.map(function, xs, batch_size=size))(stacked)
+
+
+def batch_size_for(batch: Batch, batch_size: int | None, count: int) -> int:
+    """How many of ``count`` products :func:`batched` runs together (``batch_size``, or as
+    many as :data:`BATCH_BYTES` of ``batch``'s observed frames allow)."""
     if batch_size is None:
         frames = sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(batch.observed.values))
         batch_size = BATCH_BYTES // max(frames, 1)
-    size = max(1, min(int(batch_size), count))
-    return jax.jit(lambda xs: jax.lax.map(function, xs, batch_size=size))(stacked)
+    return max(1, min(int(batch_size), count))
 
 
 def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | None = None,
                 ) -> tuple[Any, Any]:
     """(v ↦ G_xx v, the Gauss–Newton matrix's block over the fitted fields applied to
-    fields v; the fit's scaling of the fields, which preconditions its solves), at
-    ``theta``; ``key`` draws the scaling's Hutchinson probe."""
+    fields v; its diagonal cell by cell, which preconditions the solves: :func:`cell_diagonal`
+    with ``key``'s signs, its probes as many at a time as :data:`BATCH_BYTES` allow, whatever
+    the solves' batch size, so that their results do not depend on it), at ``theta``."""
     zero = jax.tree.map(jnp.zeros_like, theta)
 
     def fields_only(fields):
@@ -157,14 +177,58 @@ def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | 
             "fields"]
 
     key = jax.random.key(0) if key is None else key
-    no_parameters = np.arange(0)  # the parameters' diagonal would cost k products, unused
-    return fields_only, krylov.MatrixFree(problem).diagonal(theta, batch, key,
-                                                            no_parameters)["fields"]
+    size = batch_size_for(batch, None, probe_count(theta["fields"]))
+    return fields_only, cell_diagonal(fields_only, theta["fields"], key, size)
+
+
+def probe_count(fields: dict[str, Any], spacing: int = PROBE_SPACING) -> int:
+    """The products :func:`cell_diagonal` takes for ``fields``."""
+    return len(fields) * spacing**2
+
+
+def cell_diagonal(product: Any, fields: dict[str, Any], key: jax.Array, batch_size: int = 1,
+                  spacing: int = PROBE_SPACING) -> dict[str, jax.Array]:
+    """The diagonal of the symmetric operator ``product`` (fields ↦ fields) at every cell, by
+    probing (Tang & Saad's colouring, with random signs): for each field and each of the
+    ``spacing``² offsets of a lattice of every ``spacing``-th cell along the grid's two axes,
+    one product with a probe z that is ±1 on that field's lattice cells and 0 elsewhere; a
+    cell's entry is z ⊙ (product z) there. Exact where a cell's column reaches no other cell
+    of its lattice; the rest is crosstalk of random sign, and an entry is floored at
+    :data:`PROBE_FLOOR` of its field's mean. ``batch_size`` probes run together under
+    ``vmap``; the sum is kept, not the probes' products."""
+    names = sorted(fields)
+    per_field = spacing**2
+    count = len(names) * per_field
+    signs = {f: jax.random.rademacher(jax.random.fold_in(key, i), fields[f].shape,
+                                      fields[f].dtype) for i, f in enumerate(names)}
+    rows, cols = (jnp.arange(n) % spacing for n in fields[names[0]].shape[-2:])
+
+    def probe(index):  # index ≥ count: the padding of the last batch, a zero probe
+        offset = index % per_field
+        on = (rows[:, None] == offset // spacing) & (cols[None, :] == offset % spacing)
+        return {f: jnp.where(on & (index // per_field == i), signs[f], 0.0).astype(
+            fields[f].dtype) for i, f in enumerate(names)}
+
+    def one(index):
+        z = probe(index)
+        response = product(z)
+        return {f: z[f] * response[f] for f in names}
+
+    size = max(1, min(batch_size, count))
+    chunks = jnp.arange(-(-count // size) * size).reshape(-1, size)
+
+    def accumulate(total, indices):
+        parts = jax.vmap(one)(indices)
+        return jax.tree.map(lambda t, p: t + jnp.sum(p, axis=0), total, parts), None
+
+    total, _ = jax.lax.scan(accumulate, {f: jnp.zeros_like(fields[f]) for f in names}, chunks)
+    return {f: jnp.maximum(d, jnp.maximum(PROBE_FLOOR * jnp.mean(jnp.abs(d)),
+                                          jnp.finfo(d.dtype).tiny)) for f, d in total.items()}
 
 
 def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> lx.Solution:
-    """G_xx⁻¹ rhs by preconditioned conjugate gradients (the fit's field scaling): lineax's
-    solution (``.value``; ``stats["num_steps"]``: the iterations)."""
+    """G_xx⁻¹ rhs by conjugate gradients preconditioned by ``scale`` (G_xx's diagonal,
+    :func:`field_block`): lineax's solution (``.value``; ``stats["num_steps"]``: the iterations)."""
     return krylov.conjugate_gradients(fields_only,
                                       lambda v: jax.tree.map(jnp.divide, v, scale), rhs,
                                       iterations, RTOL)

@@ -13,12 +13,27 @@ parameters stay where they were. Here each step works on φ(p) = min_x L(x, p) i
 2. k + 1 conjugate-gradient solves with G_xx (the k free parameters' columns and the gradient's
    field part, ``optim.reduced_solve_iterations`` iterations at most) give S, the reduced
    gradient r = g_p − G_px G_xx⁻¹ g_x, and the fields' response to a parameter step;
-3. the step δp = −(S + λ diag S)⁻¹ r moves the fields with it (δx = −G_xx⁻¹(g_x + G_xp δp),
-   the joint Gauss–Newton step's field part), the fields are refitted as in 1., and the step
-   is kept when that lowers the loss; else λ grows by Nielsen's rule and the step is tried
-   again from the same solves, at most ``optim.reduced_tries`` times.
+3. the step δp = −(S + λ diag S)⁻¹ r, with λ the smallest that keeps δp within a trust
+   radius (Euclidean, in the fit's unconstrained coordinates; ``optim.reduced_radius`` at a
+   stage's start), moves the fields with it (δx = −G_xx⁻¹(g_x + G_xp δp), the joint
+   Gauss–Newton step's field part) and the fields are refitted as in 1.;
+4. the step is kept when that refit ends below where the fields alone get with as many more
+   steps from 1. (the baseline: a trial's fields have had those steps too, so comparing it
+   with 1.'s loss would credit the parameters with the fields' progress). Else the radius
+   shrinks 4 × and the step is tried again from the same solves, at most
+   ``optim.reduced_tries`` times, and the fit moves to the baseline (parameters unchanged,
+   fields refitted further; the next step's radius 4 × below this step's first). The radius
+   grows 2 × after a step whose decrease beyond the baseline is over 3/4 of the predicted
+   one, and shrinks after one under 1/4.
 
-A step costs about (k + 1) × the solves' iterations + (tries + 1) × the field steps' sweeps.
+Why a radius rather than Nielsen's λ: once the field solves resolve S (the cells' diagonal of
+:mod:`pdefit.fitting.marginal`), its scaled eigenvalues on voltage-only BOCF (64², 10 ms)
+reach down to 1e-2 and below, with negative ones where the fields are far from their optimum,
+and the step at λ = 1e-3 of diag S was 22 × the distance to the truth (at 0.3: 0.12 ×, lower
+after the refit than the start's); three tries of Nielsen's rule from 1e-3 end at 8e-3, all
+such steps (docs/benchmarks.md, "Reduced steps with the field solves resolved").
+
+A step costs about (k + 1) × the solves' iterations + (tries + 2) × the field steps' sweeps.
 One device, shared scalar parameters, no multiple shooting (as the Schur complement of the
 intervals, :mod:`pdefit.fitting.marginal`, whose field solves this reuses).
 """
@@ -39,8 +54,11 @@ from pdefit.fitting import optimisers as opt
 from pdefit.fitting.krylov import MatrixFree
 from pdefit.options import OptimConfig
 
-# λ of a stage's first reduced step, relative to diag S (Marquardt's usual start).
-FIRST_DAMPING = 1e-3
+# λ values (relative to diag S) searched for the one whose step fits the trust radius.
+DAMPING_GRID = tuple(float(x) for x in np.logspace(-8, 8, 129))
+# The trust radius shrinks by this factor when a step is rejected or does poorly (ratio of
+# the actual to the predicted decrease below 1/4) and grows by 2 when it does well (above 3/4).
+SHRINK = 4.0
 
 
 def make_reduced_update(loss: Callable, curvature: MatrixFree, cfg: OptimConfig,
@@ -51,7 +69,8 @@ def make_reduced_update(loss: Callable, curvature: MatrixFree, cfg: OptimConfig,
     contract of :func:`pdefit.fitting.optimisers.make_matrix_free_update` (the report's loss:
     at ``state.theta``; its evaluations: the sweeps over the window), for a fit with at
     least one parameter not in ``hold`` (:func:`pdefit.fitting.updates.takes_reduced_steps`
-    gives the stages holding all of them joint steps)."""
+    gives the stages holding all of them joint steps). ``state.opt_state.damping`` holds the
+    trust radius of the parameters' step (``optim.reduced_radius`` at a stage's start)."""
     problem = curvature.problem
     refit = field_refit(loss, opt.make_matrix_free_update(
         loss, curvature, dataclasses.replace(cfg, parameter_step="joint"), None,
@@ -61,33 +80,40 @@ def make_reduced_update(loss: Callable, curvature: MatrixFree, cfg: OptimConfig,
     def update(state: opt.TrainState, batch: Any):
         value = loss(state.theta, batch)
         key = jax.random.wrap_key_data(state.key)
-        fitted, current, sweeps = refit(state.theta, batch, jax.random.fold_in(key, 1))
+        fitted, _, sweeps = refit(state.theta, batch, jax.random.fold_in(key, 1))
         parts = reduced_parts(problem, fitted, batch, opt.free_positions(
             state.theta["params"], hold), cfg.reduced_solve_iterations)
+        # What the fields alone reach with as many more steps as a trial's refit takes: the
+        # parameters' step has to beat that, not the fields it started from.
+        baseline, baseline_value, taken = refit(fitted, batch, jax.random.fold_in(key, 2))
 
         def attempt(carry):
-            tries, _, damping_state, best, sweeps = carry
-            trial, predicted = parts.step(fitted, damping_state.damping)
+            tries, _, radius, best, sweeps = carry
+            trial, predicted = parts.step(fitted, parts.damping_within(radius))
             trial, _, _ = opt.limit_step(fitted, trial, limits)
-            trial, trial_value, taken = refit(trial, batch, jax.random.fold_in(key, 2 + tries))
-            accept, damping_state = opt.nielsen_update(damping_state, current, trial_value,
-                                                       predicted)
+            trial, trial_value, taken = refit(trial, batch, jax.random.fold_in(key, 3 + tries))
+            ratio = (baseline_value - trial_value) / predicted
+            accept = jnp.isfinite(trial_value) & (predicted > 0) & (ratio > 1e-4)
+            radius = jnp.where(accept & (ratio > 0.75), 2.0 * radius,
+                               jnp.where(accept & (ratio >= 0.25), radius, radius / SHRINK))
             best = jax.tree.map(lambda t, b: jnp.where(accept, t, b), trial, best)
-            return tries + 1, accept, damping_state, best, sweeps + taken
+            return tries + 1, accept, radius.astype(state.opt_state.damping.dtype), best, (
+                sweeps + taken)
 
-        # optim.initial_damping is the fields' (1 from a poor first guess); the reduced step,
-        # taken where the fields fit, starts as the scalar fits do.
-        damping = state.opt_state.damping
-        first = state.opt_state._replace(damping=jnp.where(
-            state.step == 0, FIRST_DAMPING, damping).astype(damping.dtype))
-        _, _, damping_state, new, sweeps = jax.lax.while_loop(
+        held = state.opt_state.damping
+        start = jnp.where(state.step == 0, cfg.reduced_radius, held).astype(held.dtype)
+        _, kept, radius, new, sweeps = jax.lax.while_loop(
             lambda carry: (carry[0] < cfg.reduced_tries) & ~carry[1], attempt,
-            (jnp.asarray(0, jnp.int32), jnp.asarray(False), first, fitted,
-             sweeps + parts.sweeps))
+            (jnp.asarray(0, jnp.int32), jnp.asarray(False), start, baseline,
+             sweeps + taken + parts.sweeps))
+        # A step whose tries all lose to the baseline shrinks the next step's radius once, not
+        # once per try: where the fields are still far from their optimum for any parameter
+        # value, every try can lose, and the radius would vanish before they converge.
+        radius = jnp.where(kept, radius, start / SHRINK).astype(held.dtype)
         at_bound = opt.on_bound(new["params"], limits) if limits else jnp.asarray(False)
         grad_norm = jnp.linalg.norm(parts.reduced_gradient)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
-        return (opt.advanced(state, new, damping_state, value),
+        return (opt.advanced(state, new, state.opt_state._replace(damping=radius), value),
                 opt.step_report(state, value, grad_norm, finite, sweeps + 1, describe, at_bound))
 
     return update
@@ -133,15 +159,34 @@ class ReducedParts:
     solutions: Any
     sweeps: jax.Array
 
+    def _eigen(self) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """S scaled to a unit diagonal: (its eigenvalues, floored at 0 — directions the
+        cut-short solves leave negative get only the damping, as flat ones —, its
+        eigenvectors, the scale sqrt(diag S))."""
+        dtype = self.reduced_gradient.dtype
+        scale = jnp.sqrt(jnp.maximum(jnp.diag(self.schur), jnp.finfo(dtype).tiny))
+        scaled = self.schur / scale[:, None] / scale[None, :]
+        values, vectors = jnp.linalg.eigh(0.5 * (scaled + scaled.T))
+        return jnp.maximum(values, 0.0), vectors, scale
+
+    def _deltas(self, dampings: jax.Array) -> jax.Array:
+        """δp = −(S + λ diag S)⁻¹ r for each λ of ``dampings`` (one row each)."""
+        values, vectors, scale = self._eigen()
+        along = vectors.T @ (self.reduced_gradient / scale)
+        return -((along / (values + dampings[:, None])) @ vectors.T) / scale
+
+    def damping_within(self, radius: jax.Array) -> jax.Array:
+        """The smallest λ of :data:`DAMPING_GRID` whose step δp is at most ``radius`` long
+        (Euclidean, in the fit's unconstrained coordinates: 0.1 is a change of about 10 %
+        of a log-transformed parameter), the grid's largest if none is."""
+        grid = jnp.asarray(DAMPING_GRID, self.reduced_gradient.dtype)
+        fits = jnp.linalg.norm(self._deltas(grid), axis=1) <= radius
+        return grid[jnp.where(jnp.any(fits), jnp.argmax(fits), grid.shape[0] - 1)]
+
     def step(self, theta: Any, damping: jax.Array) -> tuple[Any, jax.Array]:
         """(θ + the step at damping λ, the decrease the reduced model predicts)."""
         flat, unravel = ravel_pytree(theta["params"])
-        scale = jnp.sqrt(jnp.maximum(jnp.diag(self.schur), jnp.finfo(flat.dtype).tiny))
-        scaled = self.schur / scale[:, None] / scale[None, :]
-        values, vectors = jnp.linalg.eigh(0.5 * (scaled + scaled.T))
-        # Directions the cut-short solves left negative get only the damping, as flat ones.
-        inverse = 1.0 / (jnp.maximum(values, 0.0) + damping)
-        delta = -(vectors @ (inverse * (vectors.T @ (self.reduced_gradient / scale)))) / scale
+        delta = self._deltas(jnp.reshape(damping, (1,)).astype(flat.dtype))[0]
         predicted = -(delta @ self.reduced_gradient + 0.5 * delta @ self.schur @ delta)
         k = self.free.shape[0]
         fields_delta = jax.tree.map(
@@ -158,6 +203,8 @@ def reduced_parts(problem: Any, theta: Any, batch: Any, free: np.ndarray,
     parts = marginal.solved_columns(problem, theta, batch, free, iterations)
     k = free.shape[0]
     schur = parts.block - parts.coupled
-    sweeps = 1 + 2 * k + 1 + jnp.sum(parts.steps).astype(jnp.int32)
+    # the gradient, k columns, k coupled products, the fields' diagonal, the solves
+    sweeps = (1 + 2 * k + marginal.probe_count(theta["fields"])
+              + jnp.sum(parts.steps).astype(jnp.int32))
     return ReducedParts(free, 0.5 * (schur + schur.T), parts.reduced_gradient,
                         parts.solutions, sweeps)
