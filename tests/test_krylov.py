@@ -366,6 +366,42 @@ def test_a_held_entry_does_not_end_the_solve():
     np.testing.assert_allclose(np.asarray(delta["x"]), dense, rtol=1e-8, atol=1e-14)
 
 
+def test_the_reduced_step_fits_its_trust_radius_and_the_radius_follows_the_step():
+    """The reduced step's λ is the smallest of the grid whose step fits the trust radius, and
+    the radius after a try is set from the step's length: a radius larger than the undamped
+    step shrinks to a quarter of that step after a rejection, not of itself, and grows only
+    when it limited a good step."""
+    from pdefit.fitting import reduced_steps
+
+    rng = np.random.default_rng(3)
+    basis = np.linalg.qr(rng.normal(size=(4, 4)))[0]
+    schur = basis @ np.diag([4.0, 1.0, 1e-2, 1e-4]) @ basis.T  # small eigenvalues: long steps
+    parts = reduced_steps.ReducedParts(np.arange(4), jnp.asarray(schur),
+                                       jnp.asarray(rng.normal(size=4)), None, jnp.asarray(0))
+    grid = np.asarray(reduced_steps.DAMPING_GRID)
+    for radius in (1e-3, 0.1, 3.0):
+        damping = float(parts.damping_within(jnp.asarray(radius)))
+        assert float(parts.step_length(damping)) <= radius
+        smaller = grid[np.searchsorted(grid, damping) - 1]
+        assert float(parts.step_length(smaller)) > radius
+        # δp = −(S + λ diag S)⁻¹ r, the step the length measures
+        dense = -np.linalg.solve(schur + damping * np.diag(np.diag(schur)),
+                                 np.asarray(parts.reduced_gradient))
+        np.testing.assert_allclose(float(parts.step_length(damping)), np.linalg.norm(dense),
+                                   rtol=1e-6)
+
+    def after(radius, length, limited, accepted, ratio):
+        return float(reduced_steps.next_radius(*map(jnp.asarray, (radius, length, limited,
+                                                                  accepted, ratio))))
+
+    assert after(10.0, 0.2, False, False, 0.0) == pytest.approx(0.05)  # the step's quarter
+    assert after(0.1, 0.08, True, False, 0.0) == pytest.approx(0.02)
+    assert after(0.1, 0.08, True, True, 0.1) == pytest.approx(0.02)    # poor: shrinks too
+    assert after(0.1, 0.08, True, True, 0.5) == pytest.approx(0.1)     # fair: kept
+    assert after(0.1, 0.08, True, True, 0.9) == pytest.approx(0.16)    # good, limited: grows
+    assert after(10.0, 0.2, False, True, 0.9) == pytest.approx(10.0)   # not limited: kept
+
+
 def test_the_reduced_step_is_the_gauss_newton_step_with_the_fields_eliminated():
     """optim.parameter_step=reduced: its step (δp, δx) solves the Gauss–Newton system with the
     parameters' block damped by λ diag S (S the Schur complement of the fields) — checked

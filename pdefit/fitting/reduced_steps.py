@@ -20,11 +20,13 @@ parameters stay where they were. Here each step works on φ(p) = min_x L(x, p) i
 4. the step is kept when that refit ends below where the fields alone get with as many more
    steps from 1. (the baseline: a trial's fields have had those steps too, so comparing it
    with 1.'s loss would credit the parameters with the fields' progress). Else the radius
-   shrinks 4 × and the step is tried again from the same solves, at most
-   ``optim.reduced_tries`` times, and the fit moves to the baseline (parameters unchanged,
-   fields refitted further; the next step's radius 4 × below this step's first). The radius
-   grows 2 × after a step whose decrease beyond the baseline is over 3/4 of the predicted
-   one, and shrinks after one under 1/4.
+   shrinks to 1/4 of the step's length and the step is tried again from the same solves, at
+   most ``optim.reduced_tries`` times, and the fit moves to the baseline (parameters
+   unchanged, fields refitted further; the next step's radius 4 × below this step's first
+   try, or its length if shorter). The radius
+   grows to 2 × the step after a step the radius limited whose decrease beyond the baseline
+   is over 3/4 of the predicted one, and shrinks to the step's length / 4 after one under
+   1/4 (:func:`next_radius`).
 
 Why a radius rather than Nielsen's λ: once the field solves resolve S (the cells' diagonal of
 :mod:`pdefit.fitting.marginal`), its scaled eigenvalues on voltage-only BOCF (64², 10 ms)
@@ -89,13 +91,14 @@ def make_reduced_update(loss: Callable, curvature: MatrixFree, cfg: OptimConfig,
 
         def attempt(carry):
             tries, _, radius, best, sweeps = carry
-            trial, predicted = parts.step(fitted, parts.damping_within(radius))
+            damping = parts.damping_within(radius)
+            trial, predicted = parts.step(fitted, damping)
             trial, _, _ = opt.limit_step(fitted, trial, limits)
             trial, trial_value, taken = refit(trial, batch, jax.random.fold_in(key, 3 + tries))
             ratio = (baseline_value - trial_value) / predicted
             accept = jnp.isfinite(trial_value) & (predicted > 0) & (ratio > 1e-4)
-            radius = jnp.where(accept & (ratio > 0.75), 2.0 * radius,
-                               jnp.where(accept & (ratio >= 0.25), radius, radius / SHRINK))
+            radius = next_radius(radius, parts.step_length(damping), damping > DAMPING_GRID[0],
+                                 accept, ratio)
             best = jax.tree.map(lambda t, b: jnp.where(accept, t, b), trial, best)
             return tries + 1, accept, radius.astype(state.opt_state.damping.dtype), best, (
                 sweeps + taken)
@@ -109,7 +112,8 @@ def make_reduced_update(loss: Callable, curvature: MatrixFree, cfg: OptimConfig,
         # A step whose tries all lose to the baseline shrinks the next step's radius once, not
         # once per try: where the fields are still far from their optimum for any parameter
         # value, every try can lose, and the radius would vanish before they converge.
-        radius = jnp.where(kept, radius, start / SHRINK).astype(held.dtype)
+        first = parts.step_length(parts.damping_within(start))
+        radius = jnp.where(kept, radius, jnp.minimum(start, first) / SHRINK).astype(held.dtype)
         at_bound = opt.on_bound(new["params"], limits) if limits else jnp.asarray(False)
         grad_norm = jnp.linalg.norm(parts.reduced_gradient)
         finite = jnp.isfinite(value) & jnp.isfinite(grad_norm)
@@ -144,6 +148,20 @@ def field_refit(loss: Callable, fields_step: Callable, cfg: OptimConfig) -> Call
         return inner.theta, loss(inner.theta, batch), sweeps
 
     return refit
+
+
+def next_radius(radius: jax.Array, length: jax.Array, limited: jax.Array, accepted: jax.Array,
+                ratio: jax.Array) -> jax.Array:
+    """The trust radius after a try whose step was ``length`` long (within ``radius``;
+    ``limited``: the radius set its λ, above the grid's smallest) and whose decrease beyond
+    the baseline was ``ratio`` × the predicted one: grown to twice the step after a good one
+    (ratio > 3/4) that the radius limited, kept after a fair one, and shrunk to the step's
+    length / :data:`SHRINK` after a poor or rejected one — the step's, not the radius's, so
+    that a radius larger than the undamped step still cuts the next try."""
+    grown = jnp.where(limited, jnp.maximum(radius, 2.0 * length), radius)
+    return jnp.where(accepted & (ratio > 0.75), grown,
+                     jnp.where(accepted & (ratio >= 0.25), radius,
+                               jnp.minimum(radius, length) / SHRINK))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -182,6 +200,11 @@ class ReducedParts:
         grid = jnp.asarray(DAMPING_GRID, self.reduced_gradient.dtype)
         fits = jnp.linalg.norm(self._deltas(grid), axis=1) <= radius
         return grid[jnp.where(jnp.any(fits), jnp.argmax(fits), grid.shape[0] - 1)]
+
+    def step_length(self, damping: jax.Array) -> jax.Array:
+        """‖δp‖₂ at damping λ (the unconstrained coordinates)."""
+        return jnp.linalg.norm(self._deltas(jnp.reshape(damping, (1,)).astype(
+            self.reduced_gradient.dtype))[0])
 
     def step(self, theta: Any, damping: jax.Array) -> tuple[Any, jax.Array]:
         """(θ + the step at damping λ, the decrease the reduced model predicts)."""
