@@ -58,8 +58,8 @@ from pdefit.options import OptimConfig
 
 # λ values (relative to diag S) searched for the one whose step fits the trust radius.
 DAMPING_GRID = tuple(float(x) for x in np.logspace(-8, 8, 129))
-# The trust radius shrinks by this factor when a step is rejected or does poorly (ratio of
-# the actual to the predicted decrease below 1/4) and grows by 2 when it does well (above 3/4).
+# After a try that is rejected or does poorly (ratio of the actual to the predicted decrease
+# below 1/4) the trust radius is the step's length over this factor (:func:`next_radius`).
 SHRINK = 4.0
 
 
