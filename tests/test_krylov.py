@@ -259,6 +259,21 @@ def test_a_marginal_curvature_is_lost_only_where_its_solve_stopped_at_its_cap(mo
     assert marginal.marginal_parts(problem, theta, batch, iterations=1)[2] == tuple(range(k))
 
 
+def test_a_truncated_field_solve_leaves_the_marginal_curvature_above_the_converged_one():
+    """Conjugate gradients from zero approach bᵀ G_xx⁻¹ b from below, so the Schur
+    complement's diagonal from capped solves is never below the converged one, and the std
+    error σ √(a / S̃_ii) it gives is a lower bound however far the solves got
+    (benchmarks/identifiability.py relies on it); ``curvature_parts`` passes its cap on."""
+    problem, batch, theta = _fields_problem()
+    problem = dataclasses.replace(problem, regularization=Regularization(field_background=0.02))
+    converged = np.diag(uncertainty.curvature_parts(problem, theta, batch, 500).bread)
+    for cap in (1, 2, 4):
+        capped = np.diag(uncertainty.curvature_parts(problem, theta, batch, cap).bread)
+        assert np.all(capped >= converged * (1 - 1e-9)), (cap, capped, converged)
+    assert np.any(np.diag(uncertainty.curvature_parts(problem, theta, batch, 1).bread)
+                  > converged * 1.01)
+
+
 def test_python_api_fits_hidden_fields_with_levenberg_marquardt():
     """``pdefit.build_problem`` on u frames in memory (noisy, v never recorded) with u(0) and
     v(0) fitted, and ``pdefit.fit(optimizer="levenberg_marquardt")``: the matrix-free path,

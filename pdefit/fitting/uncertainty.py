@@ -233,15 +233,17 @@ class CurvatureParts(NamedTuple):
     unresolved: tuple[int, ...] = ()  # positions whose curvature was not resolved (marginal)
 
 
-def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureParts:
+def curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
+                    iterations: int = marginal.ITERATIONS) -> CurvatureParts:
     """:class:`CurvatureParts` at ``theta``. M = JᵀAVAJ (V: the relative variances of the
     fields, :func:`relative_variances`), plus (JᵀAJ_x)(JᵀAJ_x)ᵀ where the initial state is a
     noisy copy of the first frame (J_x: the residuals' response to it, from
     :func:`initial_directions`). One sweep when the weights are proportional to 1/v_f (uniform
     ones where every field has one σ), three otherwise. With fitted initial fields: the
-    marginal curvature of :mod:`pdefit.fitting.marginal`."""
+    marginal curvature of :mod:`pdefit.fitting.marginal`, its field solves of at most
+    ``iterations`` conjugate-gradient iterations each."""
     if problem.fitted_fields:
-        return _marginal_curvature_parts(problem, theta, batch)
+        return _marginal_curvature_parts(problem, theta, batch, iterations)
     weights = misfit_weights(problem, batch)
     copied = copied_values(problem, theta, batch)
     n_values = int(sum(float(jnp.sum(w)) for w in batch.observed.weights.values())) - copied
@@ -273,12 +275,12 @@ def curvature_parts(problem: FitProblem, theta: Any, batch: Batch) -> CurvatureP
 
 
 def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
-                              ) -> CurvatureParts:
+                              iterations: int = marginal.ITERATIONS) -> CurvatureParts:
     """:class:`CurvatureParts` with fitted initial fields: bread S (the Schur complement),
     meat a·S (the Laplace covariance a σ² S⁻¹), the reduced gradient; N less the fitted
     initial values that are observed (each fitted to its own noisy datum)."""
     a = float(np.ravel(next(iter(misfit_weights(problem, batch).values())))[0])
-    schur, gradient, unresolved = marginal.marginal_parts(problem, theta, batch)
+    schur, gradient, unresolved = marginal.marginal_parts(problem, theta, batch, iterations)
     observed = batch.observed
     n_values = (int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
                 - fitted_initial_values(problem, batch))
