@@ -217,12 +217,11 @@ def schur_step(problem: Any, batch: Any, theta: Any, args: argparse.Namespace,
     measured."""
     flat, unravel = ravel_pytree(theta["params"])
     started = time.perf_counter()
-    half, reduced_gradient, lost = marginal.marginal_parts(problem, theta, batch,
-                                                           iterations=args.schur_iterations)
-    matrix = 2.0 * half
+    parts = marginal.marginal_parts(problem, theta, batch, iterations=args.schur_iterations)
+    matrix, reduced_gradient, lost = 2.0 * parts.schur, parts.reduced_gradient, parts.unresolved
     root = np.sqrt(np.maximum(np.abs(np.diag(matrix)), 1e-30))
-    # In coordinates scaled by S's diagonal; the directions the solves left negative (S is
-    # positive semidefinite) get only the damping, as a flat direction would.
+    # In coordinates scaled by S's diagonal; a direction rounding leaves negative (the
+    # variational S is positive semidefinite) gets only the damping, as a flat one would.
     eigenvalues, vectors = np.linalg.eigh(matrix / np.outer(root, root))
     inverse = 1.0 / (np.maximum(eigenvalues, 0.0) + args.schur_damping)
     delta = -(vectors @ (inverse * (vectors.T @ (reduced_gradient / root)))) / root

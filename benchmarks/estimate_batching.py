@@ -98,9 +98,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as workdir:
         fit = setup(args.experiment, args.grid, args.frames, Path(workdir))
         records = [measure(fit, size or None, args.iterations) for size in args.batch_sizes]
-    reference = records[0]["schur_result"][0]
+    reference = records[0]["schur_result"].schur
     for record in records:
-        schur = record.pop("schur_result")[0]
+        schur = record.pop("schur_result").schur
         block = record.pop("signal_result")
         record["schur_max_rel_diff"] = float(np.max(np.abs(schur - reference))
                                              / np.max(np.abs(reference)))

@@ -60,6 +60,16 @@ def test_final_table_in_significant_figures_with_units():
     nan = float("nan")
     row = {**rows[0], "std_error": nan, "ci95_low": nan, "ci95_high": nan, "flag": ""}
     assert format_table([row]).splitlines()[1].endswith("[nan, nan]")
+    # A std error the field solves left open prints its bracket beside the flag.
+    intervals = {"k": {"std_error": None, "ci95_low": None, "ci95_high": None,
+                       "flag": "unknown", "std_error_bounds": [0.0123, None]},
+                 "D": {"std_error": None, "ci95_low": None, "ci95_high": None,
+                       "flag": "unknown", "std_error_bounds": [0.001, 0.00456]}}
+    rows = parameter_table(["k", "D"], {"k": 10.0, "D": 0.2}, {"k": 8.0, "D": 0.1}, truth,
+                           intervals=intervals)
+    lines = format_table(rows).splitlines()
+    assert lines[1].endswith("unknown; std err within [0.0123, ∞)")
+    assert lines[2].endswith("unknown; std err within [0.001, 0.00456]")
 
 
 def test_field_figure_has_colour_bars_residual_rows_and_units():

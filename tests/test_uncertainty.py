@@ -204,7 +204,7 @@ def test_an_indefinite_curvature_is_reported_as_computed_wrong_not_as_flat():
         else:
             assert result["note"].startswith("no interval for ['eps0', 'k']"), result["note"]
             assert "indefinite: relative eigenvalue -0.5" in result["note"]
-    # A marginal curvature lost in the field solves' error (marginal.RESOLVED): unknown too.
+    # A std error the field solves leave bracketed too widely (marginal.SPREAD): unknown too.
     lost = estimate(problem, theta, batch, sigma=SIGMA, parts=CurvatureParts(
         bread=np.eye(3), meat=np.eye(3), unresolved=(0,), **parts))
     assert lost["parameters"]["a"]["flag"] == UNRESOLVED and lost["parameters"]["a"][

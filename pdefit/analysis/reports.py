@@ -20,7 +20,8 @@ def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
     """One row per fitted scalar: start, recovered and true value, their relative errors
     and the parameter's unit (``units``: name → unit, e.g. from ``ParamSpec.unit``); with
     ``intervals`` (:func:`pdefit.fitting.uncertainty.estimate`'s ``parameters``) also the standard
-    error, the 95 % interval and the flag of a parameter the data do not determine."""
+    error, the 95 % interval and the flag of a parameter the data do not determine (and, with
+    fitted initial fields, the std error's bracket)."""
     rows = []
     for name in fitted:
         true = None if truth is None else truth.get(name)
@@ -32,6 +33,8 @@ def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
         if intervals and name in intervals:
             row.update({k: intervals[name][k] for k in ("std_error", "ci95_low", "ci95_high",
                                                          "flag")})
+            if intervals[name].get("std_error_bounds") is not None:
+                row["std_error_bounds"] = intervals[name]["std_error_bounds"]
         rows.append(row)
     return rows
 
@@ -79,6 +82,13 @@ def format_table(rows: Sequence[Mapping]) -> str:
             5, int(np.ceil(np.log10(size / (high - low)))) + 2)
         return f"[{low:.{min(digits, 17)}g}, {high:.{min(digits, 17)}g}]"
 
+    def bracket(r):  # where the field solves leave a std error open: where it lies
+        bounds = r.get("std_error_bounds")
+        if bounds is None or bounds[0] is None:
+            return ""
+        return f"; std err within [{bounds[0]:.3g}, " + (
+            "∞)" if bounds[1] is None else f"{bounds[1]:.3g}]")
+
     width = max([len("unit"), *(len(r.get("unit") or "") for r in rows)])
     spread = any("std_error" in r for r in rows)
     span = max([len("95 % interval"), *(len(interval(r)) for r in rows)])
@@ -94,7 +104,7 @@ def format_table(rows: Sequence[Mapping]) -> str:
                 f"{format_percent(r['rel_error']):>11}")
         if spread:
             line += (f" {num(r.get('std_error')):>11} {interval(r):<{span}}"
-                     + (f"  {r['flag']}" if r.get("flag") else ""))
+                     + (f"  {r['flag']}{bracket(r)}" if r.get("flag") else ""))
         lines.append(line.rstrip())
     return "\n".join(lines)
 

@@ -5,8 +5,8 @@ and decomposed: an eigenvalue below ``rcond`` × the largest marks a direction t
 determine, and the parameters with a large share in it (squared component ≥ :data:`SHARE`) get
 no interval, flagged as not determined. A Gauss–Newton curvature is positive semi-definite, so
 an eigenvalue below −:data:`INDEFINITE` × the largest is no such direction but a curvature
-computed wrong; its parameters, and those whose marginal curvature the fields' block solves
-did not resolve (:data:`pdefit.fitting.marginal.RESOLVED`), are flagged as unknown, with a note.
+computed wrong; its parameters, and those whose std error the fields' block solves left
+bracketed wider than :data:`pdefit.fitting.marginal.SPREAD`, are flagged as unknown, with a note.
 """
 
 from __future__ import annotations
@@ -73,5 +73,6 @@ def unresolved_flags(named: Sequence[Mapping[str, Any]], lost: Sequence[str],
     return flags, (f"no interval for {sorted(unknown)}: their curvature was not computed to "
                    "any accuracy" + ("" if lowest is None else
                                      f" (indefinite: relative eigenvalue {lowest:.2g})")
-                   + ("; with the initial fields fitted, it is below what the fields' block "
-                      "solves resolve" if lost else ""))
+                   + ("; with the initial fields fitted, the fields' block solves stopped at "
+                      "their cap before they bracket the std error (std_error_bounds: where it "
+                      "lies)" if lost else ""))

@@ -21,9 +21,14 @@ the prior's floor to a cell about to fire), and after 100 iterations one number 
 left these solves at relative residuals (2-norm) of 1e-3–1e-2, the cells' diagonal at
 2e-9–2e-8 (docs/benchmarks.md, "The field solves preconditioned cell by cell").
 
-What the result is, is :class:`pdefit.fitting.uncertainty.CurvatureParts` with bread S and
-meat a·S, so the intervals, flags and residual verdict of
-:func:`pdefit.fitting.uncertainty.estimate` apply unchanged.
+A solve stopped at its cap leaves S bracketed, not lost: the variational estimate S⁺
+(:func:`solved_columns`) is positive semi-definite and never below S, and the solves'
+residuals with the fields' prior curvature give S⁻ ⪯ S (:func:`marginal_parts`), so every
+std error lies between those of S⁺ and S⁻ however far the solves got.
+
+What the result is, is :class:`pdefit.fitting.uncertainty.CurvatureParts` with bread S⁺,
+meat a·S⁺ and the pair for S⁻, so the intervals, flags and residual verdict of
+:func:`pdefit.fitting.uncertainty.estimate` apply unchanged, with each std error's bracket.
 """
 
 from __future__ import annotations
@@ -37,15 +42,28 @@ import numpy as np
 from jax.flatten_util import ravel_pytree
 
 from pdefit.fitting import krylov
+from pdefit.fitting.directions import SHARE
 from pdefit.fitting.problem import Batch, FitProblem
 
 # Conjugate-gradient iterations per field-block solve, and their relative tolerance.
 ITERATIONS = 60
 RTOL = 1e-4
-# A solve stopped at its cap leaves B_px B_xx⁻¹ B_xp short by an unknown amount, so where its
-# marginal curvature S_ii is below RESOLVED × (B_pp)_ii it is lost in that error, not measured
-# (a BOCF 64² fit of all four fields: |S_ii| 1e-7–2e-5 of (B_pp)_ii, three of ten negative).
+# A solve stopped at its cap leaves S bracketed (:func:`marginal_parts`); a parameter's std error
+# counts as resolved where its bracket's upper end is at most SPREAD above its lower one.
+SPREAD = 0.1
+# Where the bracket stays open (on BOCF's 10 ms of voltage the residuals' bound is 10⁵–10⁶ × S,
+# the prior's floor μ being that small), a capped solve's S_ii below RESOLVED × (B_pp)_ii is
+# lost in its error, not measured (a BOCF 64² fit of all four fields, first-order estimate:
+# |S_ii| 1e-7–2e-5 of (B_pp)_ii, three of ten negative); above it, the std error is the
+# bracket's lower end, with the bracket beside it.
 RESOLVED = 1e-3
+# Relative eigenvalue of S below which a direction counts as undetermined (as the estimate's
+# default for float64, :func:`pdefit.fitting.directions.default_rcond`).
+SINGULAR = 1e-10
+# The squared share of a direction's unit vector from which a parameter takes part in it: in
+# one S⁺ leaves undetermined, as the estimate names them; in one S⁻ does not bound, any share
+# above rounding (S could be singular there, and then every such parameter's std unbounded).
+UNBOUNDED_SHARE = 1e-8
 # Solves batched together each hold the model's tangent at every observed frame (as much
 # memory as the data); a batch holds at most this many bytes of them.
 BATCH_BYTES = 2**31
@@ -79,36 +97,84 @@ def common_weight(weights: dict[str, Any]) -> float | None:
     return float(levels[0]) if np.allclose(levels, levels[0], rtol=1e-12, atol=0.0) else None
 
 
+class MarginalParts(NamedTuple):
+    """The parameters' marginal curvature at one θ, over ``theta["params"]`` flattened in
+    ``ravel_pytree`` order: half the Gauss–Newton matrix's Schur complement, bracketed."""
+
+    schur: np.ndarray  # S⁺ ⪰ S: the variational estimate (an upper bound, positive semi-definite)
+    schur_lower: np.ndarray | None  # S⁻ ⪯ S (None where the fields have no curvature floor)
+    reduced_gradient: np.ndarray  # of the loss, g_p − G_px G_xx⁻¹ g_x
+    unresolved: tuple[int, ...]  # positions whose curvature is lost (RESOLVED, SPREAD)
+
+
 def marginal_parts(problem: FitProblem, theta: Any, batch: Batch,
                    iterations: int = ITERATIONS, batch_size: int | None = None,
-                   ) -> tuple[np.ndarray, np.ndarray, tuple[int, ...]]:
-    """(S, the reduced gradient of the loss, the positions whose S_ii the solves do not
-    resolve: their solve stopped at its cap with S_ii below :data:`RESOLVED` of B_pp's) at
-    ``theta``, over ``theta["params"]`` flattened in ``ravel_pytree`` order (see the module
-    docstring); ``batch_size``: see :func:`batched`."""
+                   ) -> MarginalParts:
+    """:class:`MarginalParts` at ``theta`` (see the module docstring); ``batch_size``: see
+    :func:`batched`. The bracket: with R the column solves' residuals and μ ≤ λ_min(G_xx)
+    (:func:`curvature_floor`), G_px G_xx⁻¹ G_xp = coupled + RᵀG_xx⁻¹R ⪯ coupled + RᵀR/μ
+    (:func:`solved_columns`), so S⁻ = S⁺ − ½RᵀR/μ ⪯ S ⪯ S⁺, and the std errors from S⁺⁻¹
+    and S⁻⁻¹ bracket the true ones. A position is unresolved where its solve stopped at its
+    cap, its S_ii is below :data:`RESOLVED` of its held curvature and its bracket is wider
+    than :data:`SPREAD`."""
     every = np.arange(ravel_pytree(theta["params"])[0].shape[0])
     parts = jax.jit(lambda th, b: solved_columns(problem, th, b, every, iterations, batch_size)
                     ._replace(solutions=None))(theta, batch)
-    block = np.asarray(parts.block, np.float64)
-    schur = 0.5 * (block - np.asarray(parts.coupled, np.float64))
-    schur = 0.5 * (schur + schur.T)
-    held = 0.5 * np.diag(block)  # a parameter the data never see (0) is not determined, not lost
-    steps = np.asarray(parts.steps[:every.shape[0]])
-    lost = np.flatnonzero((held > 0) & (np.diag(schur) < RESOLVED * held)
-                          & (steps >= iterations))
-    return (schur, np.asarray(parts.reduced_gradient, np.float64),
-            tuple(int(i) for i in lost))
+    schur = symmetric(0.5 * (np.asarray(parts.block, np.float64)
+                             - np.asarray(parts.coupled, np.float64)))
+    floor = curvature_floor(problem, theta, batch)
+    lower = (symmetric(schur - 0.5 * np.asarray(parts.residual_gram, np.float64) / floor)
+             if floor > 0 else None)
+    held = 0.5 * np.diag(np.asarray(parts.block, np.float64))  # 0: never seen, not lost
+    capped = np.asarray(parts.steps[:every.shape[0]]) >= iterations
+    lost = np.flatnonzero(capped & (held > 0) & (np.diag(schur) < RESOLVED * held)
+                          & ~(std_spread(schur, lower) <= SPREAD))
+    return MarginalParts(schur, lower, np.asarray(parts.reduced_gradient, np.float64),
+                         tuple(int(i) for i in lost))
+
+
+def symmetric(matrix: np.ndarray) -> np.ndarray:
+    return 0.5 * (matrix + matrix.T)
+
+
+def std_spread(upper: np.ndarray, lower: np.ndarray | None,
+               rcond: float = SINGULAR) -> np.ndarray:
+    """Per position, √((S⁻⁻¹)_ii / (S⁺⁻¹)_ii) − 1: how much wider the std error may be than
+    its bound from ``upper`` S⁺ (inf where ``lower`` S⁻ is None or not positive definite in a
+    direction the position takes part in; nan where it takes part in a direction S⁺ itself
+    leaves undetermined, below ``rcond`` of its largest eigenvalue: not determined, which the
+    estimate says, rather than unresolved)."""
+    k = upper.shape[0]
+    values, vectors = np.linalg.eigh(upper)
+    top = max(float(np.max(np.abs(values), initial=0.0)), np.finfo(np.float64).tiny)
+    null = values <= rcond * top
+    undetermined = np.any((vectors[:, null] ** 2) >= SHARE, axis=1)
+    kept = vectors[:, ~null]
+    narrow = np.einsum("ij,j,ij->i", kept, 1.0 / values[~null], kept)
+    wide = np.full(k, np.inf)
+    if lower is not None:
+        low_values, low_vectors = np.linalg.eigh(lower)
+        positive = low_values > rcond * top
+        unbounded = np.any((low_vectors[:, ~positive] ** 2) >= UNBOUNDED_SHARE, axis=1)
+        kept_low = low_vectors[:, positive]
+        wide = np.where(unbounded, np.inf, np.einsum("ij,j,ij->i", kept_low,
+                                                     1.0 / low_values[positive], kept_low))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        spread = np.sqrt(wide / narrow) - 1.0
+    return np.where(undetermined, np.nan, spread)
 
 
 class SolvedColumns(NamedTuple):
     """The field solves behind a Schur complement, over the ``free`` positions of the
-    flattened parameters (k of them), for G the full Gauss–Newton matrix of the loss."""
+    flattened parameters (k of them), for G the full Gauss–Newton matrix of the loss and X the
+    solves' approximations of G_xx⁻¹ G_xp (columns x_i) and of G_xx⁻¹ g_x (x_g)."""
 
     block: jax.Array  # G_pp (k × k)
-    coupled: jax.Array  # G_px G_xx⁻¹ G_xp (k × k)
-    reduced_gradient: jax.Array  # g_p − G_px G_xx⁻¹ g_x (k)
-    solutions: Any  # G_xx⁻¹ G_xp e_i for each free i, then G_xx⁻¹ g_x: stacked like θ's fields
+    coupled: jax.Array  # G_px G_xx⁻¹ G_xp, its variational estimate G_pxX + XᵀG_xp − XᵀG_xxX
+    reduced_gradient: jax.Array  # g_p − G_px G_xx⁻¹ g_x, its variational estimate (k)
+    solutions: Any  # x_i for each free i, then x_g: stacked like θ's fields
     steps: jax.Array  # the iterations of each of the k + 1 solves
+    residual_gram: jax.Array  # RᵀR of the k column solves' residuals G_xp e_i − G_xx x_i
 
 
 def solved_columns(problem: FitProblem, theta: Any, batch: Batch, free: np.ndarray,
@@ -116,22 +182,30 @@ def solved_columns(problem: FitProblem, theta: Any, batch: Batch, free: np.ndarr
     """:class:`SolvedColumns` at ``theta`` (traceable: the caller jits it): k products for
     the parameters' columns, then their k field parts and the gradient's as k + 1 solves of
     at most ``iterations`` conjugate-gradient iterations, ``batch_size`` at a time
-    (:func:`batched`)."""
+    (:func:`batched`), each followed by one product G_xx x.
+
+    Why the variational estimates: where a solve stops early, x_i = G_xx⁻¹ b_i + e_i, and
+    G_px X is off by G_px E, first order in the errors, of either sign: a truncated solve can
+    leave that S indefinite. The estimate Xᵀb + bᵀX − XᵀG_xxX is off by −EᵀG_xxE only:
+    second order, and never above the true G_px G_xx⁻¹ G_xp (for any combination a of the
+    columns, 2 aᵀbᵀXa − aᵀXᵀG_xxXa is the quadratic model's value at Xa, at most its
+    maximum), so S = G_pp − coupled is positive semi-definite and an upper bound of the true
+    Schur complement, however far the solves got; the residuals R bound its gap from above
+    (:func:`marginal_parts`). The reduced gradient's estimate is off by −E_colsᵀG_xxE_g,
+    second order too, and with the same pair the reduced model's step is exactly the full
+    quadratic model's along the step taken (fields moved by −(x_g + Xδ))."""
     flat, unravel = ravel_pytree(theta["params"])
     zero = jax.tree.map(jnp.zeros_like, theta)
     fields_only, scale = field_block(problem, theta, batch)
 
-    def product(v):
-        return krylov.gauss_newton_product(problem, theta, batch, v)
-
     def column(unit):  # G·e_i: its parameter rows (G_pp) and its field rows (G_xp e_i)
-        response = product({**zero, "params": unravel(unit)})
+        response = krylov.gauss_newton_product(problem, theta, batch,
+                                               {**zero, "params": unravel(unit)})
         return ravel_pytree(response["params"])[0][free], response["fields"]
 
-    def solved(rhs):  # G_xx⁻¹ rhs, G_px G_xx⁻¹ rhs and the solve's iterations
+    def solved(rhs):  # x ≈ G_xx⁻¹ rhs, G_xx x and the solve's iterations
         solution = field_solution(fields_only, rhs, scale, iterations)
-        coupled = ravel_pytree(product({**zero, "fields": solution.value})["params"])[0]
-        return solution.value, coupled[free], solution.stats["num_steps"]
+        return solution.value, fields_only(solution.value), solution.stats["num_steps"]
 
     gradient = jax.grad(problem.loss)(theta, batch)
     units = jnp.eye(flat.shape[0], dtype=flat.dtype)[free]
@@ -139,10 +213,32 @@ def solved_columns(problem: FitProblem, theta: Any, batch: Batch, free: np.ndarr
     # The gradient's field part is one more right-hand side of the same solves.
     rhs = jax.tree.map(lambda c, g: jnp.concatenate([c, g[None]]), field_rows,
                        gradient["fields"])
-    solutions, coupled, steps = batched(solved, rhs, batch_size, batch)
+    solutions, responses, steps = batched(solved, rhs, batch_size, batch)
+    along = stacked_gram(rhs, solutions)  # [i, j] = b_iᵀ x_j
+    coupled = along + along.T - stacked_gram(solutions, responses)
     k = free.shape[0]
-    reduced = ravel_pytree(gradient["params"])[0][free] - coupled[k]
-    return SolvedColumns(block.T, coupled[:k].T, reduced, solutions, steps)
+    residuals = jax.tree.map(lambda b, r: (b - r)[:k], rhs, responses)
+    reduced = ravel_pytree(gradient["params"])[0][free] - coupled[:k, k]
+    return SolvedColumns(block.T, coupled[:k, :k], reduced, solutions, steps,
+                         stacked_gram(residuals, residuals))
+
+
+def stacked_gram(left: Any, right: Any) -> jax.Array:
+    """[i, j] = ⟨left_i, right_j⟩ over every leaf, for pytrees stacked on a leading axis."""
+    return sum(jnp.tensordot(a.reshape(a.shape[0], -1), b.reshape(b.shape[0], -1),
+                             axes=(1, 1)) for a, b in zip(jax.tree.leaves(left),
+                                                          jax.tree.leaves(right), strict=True))
+
+
+def curvature_floor(problem: FitProblem, theta: Any, batch: Batch) -> float:
+    """A lower bound of G_xx's least eigenvalue: the fields' own prior terms, mean squares
+    (``field_background``, and ``Regularization.fields``) whose Hessian is 2w/n on each of a
+    field's n values; the data and the roughness terms only add positive semi-definite parts.
+    0 where some fitted field has neither."""
+    reg = problem.regularization
+    floors = [2.0 * (reg.field_background * (name in batch.background) + reg.fields)
+              / field.size for name, field in theta["fields"].items()]
+    return float(min(floors, default=0.0))
 
 
 def batched(function: Any, stacked: Any, batch_size: int | None, batch: Batch) -> Any:
@@ -232,3 +328,18 @@ def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> l
     return krylov.conjugate_gradients(fields_only,
                                       lambda v: jax.tree.map(jnp.divide, v, scale), rhs,
                                       iterations, RTOL)
+
+
+def upper_covariance(bread: np.ndarray, meat: np.ndarray) -> np.ndarray:
+    """B⁻¹ M B⁻¹ for a lower bound B of the curvature (:attr:`CurvatureParts.lower`), inf on
+    the diagonal where B is not positive definite in a direction the position takes part in
+    (:data:`pdefit.fitting.UNBOUNDED_SHARE`)."""
+    values, vectors = np.linalg.eigh(0.5 * (bread + bread.T))
+    top = max(float(np.max(np.abs(values), initial=0.0)), np.finfo(np.float64).tiny)
+    positive = values > SINGULAR * top
+    kept = vectors[:, positive]
+    inverse = kept @ np.diag(1.0 / values[positive]) @ kept.T
+    cov = inverse @ meat @ inverse
+    unbounded = np.any(vectors[:, ~positive] ** 2 >= UNBOUNDED_SHARE, axis=1)
+    cov[np.diag_indices_from(cov)] = np.where(unbounded, np.inf, np.diag(cov))
+    return cov

@@ -67,6 +67,7 @@ from scipy import stats
 
 from pdefit.fitting import marginal
 from pdefit.fitting.directions import (
+    NOT_DETERMINED,
     SHARE,
     default_rcond,
     pseudo_inverse,
@@ -77,6 +78,8 @@ from pdefit.fitting.krylov import predictions
 from pdefit.fitting.problem import Batch, FitProblem, Regularization
 
 LEVEL = 0.95
+OPEN_NOTE = ("the std errors of {} are lower bounds: the fields' block solves stopped at their "
+             "cap, and std_error_bounds says how far above them the true ones may lie")
 POORLY_DETERMINED = "poorly determined (std error > 100 %)"
 # A fit whose Gauss–Newton step to the optimum exceeds this many std errors has not converged
 # as far as its intervals assume (they are centred on the optimum).
@@ -231,6 +234,9 @@ class CurvatureParts(NamedTuple):
     gradient: np.ndarray  # of the fit's loss, penalty included
     initial_noise: str | None  # how the noise of a copied initial state is included
     unresolved: tuple[int, ...] = ()  # positions whose curvature was not resolved (marginal)
+    # (B⁻, M⁻) whose covariance bounds the true one from above, where B is itself a bound from
+    # truncated solves whose covariance is one from below (marginal: S⁺ and S⁻); else None.
+    lower: tuple[np.ndarray, np.ndarray] | None = None
 
 
 def curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
@@ -280,7 +286,8 @@ def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
     meat a·S (the Laplace covariance a σ² S⁻¹), the reduced gradient; N less the fitted
     initial values that are observed (each fitted to its own noisy datum)."""
     a = float(np.ravel(next(iter(misfit_weights(problem, batch).values())))[0])
-    schur, gradient, unresolved = marginal.marginal_parts(problem, theta, batch, iterations)
+    schur, schur_lower, gradient, unresolved = marginal.marginal_parts(problem, theta, batch,
+                                                                       iterations)
     observed = batch.observed
     n_values = (int(sum(float(jnp.sum(w)) for w in observed.weights.values()))
                 - fitted_initial_values(problem, batch))
@@ -289,7 +296,8 @@ def _marginal_curvature_parts(problem: FitProblem, theta: Any, batch: Batch,
     rss = float(sum(jnp.sum(observed.weights[f] * (predicted[f] - observed.values[f]) ** 2)
                     for f in observed.values))
     return CurvatureParts(rss, n_values, schur, a * schur, gradient,
-                          "fitted with the parameters (a Schur complement)", unresolved)
+                          "fitted with the parameters (a Schur complement)", unresolved,
+                          None if schur_lower is None else (schur_lower, a * schur_lower))
 
 
 def residual_statistics(problem: FitProblem, theta: Any, batch: Batch,
@@ -337,11 +345,14 @@ def _dof_note(fields_dof: float) -> str:
 
 def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quantile: float,
                         undetermined: Mapping[str, str], step: np.ndarray | None = None,
-                        ) -> dict[str, dict[str, Any]]:
+                        cov_upper: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
     """Per fitted scalar, in physical units: value, std error (delta method), the interval
     mapped from θ-space, the relative std error, the Gauss–Newton ``step`` (θ-space) to the
     optimum in std errors and a flag (``undetermined``: name → the flag of a parameter
-    without an interval)."""
+    without an interval). Where ``cov`` is a lower bound of the covariance and ``cov_upper``
+    an upper one (fitted initial fields, truncated solves), every scalar, with an interval or
+    not, also gets ``std_error_bounds`` [from ``cov``, from ``cov_upper`` (None: unbounded)],
+    except one not determined by the data (no finite std error bounds it from below)."""
     flat, unravel = ravel_pytree(theta["params"])
     index = unravel(jnp.arange(flat.shape[0]))
     out = {}
@@ -352,17 +363,23 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
         row: dict[str, Any] = {"value": value, "std_error": None, "ci95_low": None,
                                "ci95_high": None, "rel_std_error": None, "to_optimum": None,
                                "flag": ""}
+        position = int(index[name])
+        if cov_upper is not None and undetermined.get(name) != NOT_DETERMINED:
+            high = float(cov_upper[position, position])
+            row["std_error_bounds"] = [
+                abs(slope) * math.sqrt(max(float(cov[position, position]), 0.0)),
+                abs(slope) * math.sqrt(max(high, 0.0)) if math.isfinite(high) else None]
         if name in undetermined:
             row["flag"] = undetermined[name]
             out[name] = row
             continue
-        sigma_z = math.sqrt(max(float(cov[int(index[name]), int(index[name])]), 0.0))
+        sigma_z = math.sqrt(max(float(cov[position, position]), 0.0))
         with jax.enable_x64(True):
             ends = mapped(spec, float(theta["params"][name]), quantile * sigma_z)[2]
         std = abs(slope) * sigma_z
         rel = std / abs(value) if value else None
         remaining = (None if step is None or sigma_z == 0 else
-                     abs(float(step[int(index[name])])) / sigma_z)
+                     abs(float(step[position])) / sigma_z)
         flag = POORLY_DETERMINED if rel is not None and rel > 1.0 else ""
         if not flag and remaining is not None and remaining > STEP_LIMIT:
             flag = f"{NOT_CONVERGED} ({remaining:.2g} std errors)"
@@ -450,8 +467,10 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch,
              for v, r in zip(directions, ratios, strict=True)]
     flags, note = unresolved_flags(named, [names[i] for i in parts.unresolved])
     intervals = parameter_intervals(problem, theta, cov, quantile, flags,
-                                    None if roundoff else step)
-    note = ROUNDOFF_NOTE if roundoff else note
+                                    None if roundoff else step,
+                                    None if parts.lower is None else
+                                    sigma2 * marginal.upper_covariance(*parts.lower))
+    open_brackets, note = _open_brackets(intervals, ROUNDOFF_NOTE if roundoff else note)
     return {
         "available": True, "level": LEVEL, "sigma": math.sqrt(sigma2), "sigma_source": source,
         "sigma_per_field": _levels(problem, sigma, sigma2),
@@ -460,12 +479,27 @@ def estimate(problem: FitProblem, theta: Any, batch: Batch,
         "quantile": quantile, "condition_number": condition if math.isfinite(condition)
         else None, "rcond": rcond, "near_singular_directions": named,
         "flagged": [n for n, r in intervals.items() if r["flag"]],
+        "open_brackets": open_brackets,
         "parameters": intervals,
         "covers": "fitted shared scalar parameters only (fitted initial fields are "
                   "marginalised over; array and per-experiment parameters are not covered)",
         "copied_initial_values": copied_values(problem, theta, batch),
         "initial_state_noise": parts.initial_noise,
     }
+
+
+def _open_brackets(intervals: Mapping[str, Mapping[str, Any]], note: str | None,
+                   ) -> tuple[list[str], str | None]:
+    """(the parameters with a std error whose bracket is wider than :data:`marginal.SPREAD`,
+    the estimate's note saying so)."""
+    def closed(low, high):
+        return high is not None and high <= (1.0 + marginal.SPREAD) * low
+
+    names = [n for n, r in intervals.items() if r["std_error"] is not None
+             and r.get("std_error_bounds") is not None and not closed(*r["std_error_bounds"])]
+    if names:
+        note = "; ".join(filter(None, [note, OPEN_NOTE.format(names)]))
+    return names, note
 
 
 def _levels(problem: FitProblem, sigma: Any, sigma2: float) -> dict[str, float] | None:
