@@ -70,6 +70,12 @@ def test_final_table_in_significant_figures_with_units():
     lines = format_table(rows).splitlines()
     assert lines[1].endswith("unknown; std err within [0.0123, ∞)")
     assert lines[2].endswith("unknown; std err within [0.001, 0.00456]")
+    # An interval the bracket only bounds from below says so too, with no flag beside it.
+    intervals = {"k": {"std_error": 0.5, "ci95_low": 7.0, "ci95_high": 9.0, "flag": "",
+                       "std_error_bounds": [0.5, None]}}
+    rows = parameter_table(["k"], {"k": 10.0}, {"k": 8.0}, truth, intervals=intervals)
+    line = format_table(rows).splitlines()[1]
+    assert "[7, 9]" in line and line.endswith("  std err within [0.5, ∞)")
 
 
 def test_field_figure_has_colour_bars_residual_rows_and_units():

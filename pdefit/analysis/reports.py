@@ -82,11 +82,11 @@ def format_table(rows: Sequence[Mapping]) -> str:
             5, int(np.ceil(np.log10(size / (high - low)))) + 2)
         return f"[{low:.{min(digits, 17)}g}, {high:.{min(digits, 17)}g}]"
 
-    def bracket(r):  # where the field solves leave a std error open: where it lies
+    def bracket(r):  # with fitted fields a std error is bracketed: where it lies
         bounds = r.get("std_error_bounds")
         if bounds is None or bounds[0] is None:
             return ""
-        return f"; std err within [{bounds[0]:.3g}, " + (
+        return ("; " if r.get("flag") else "") + f"std err within [{bounds[0]:.3g}, " + (
             "∞)" if bounds[1] is None else f"{bounds[1]:.3g}]")
 
     width = max([len("unit"), *(len(r.get("unit") or "") for r in rows)])
@@ -104,7 +104,8 @@ def format_table(rows: Sequence[Mapping]) -> str:
                 f"{format_percent(r['rel_error']):>11}")
         if spread:
             line += (f" {num(r.get('std_error')):>11} {interval(r):<{span}}"
-                     + (f"  {r['flag']}{bracket(r)}" if r.get("flag") else ""))
+                     + (f"  {r.get('flag') or ''}{bracket(r)}" if r.get("flag") or bracket(r)
+                        else ""))
         lines.append(line.rstrip())
     return "\n".join(lines)
 

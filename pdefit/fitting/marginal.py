@@ -153,12 +153,8 @@ def std_spread(upper: np.ndarray, lower: np.ndarray | None,
     narrow = np.einsum("ij,j,ij->i", kept, 1.0 / values[~null], kept)
     wide = np.full(k, np.inf)
     if lower is not None:
-        low_values, low_vectors = np.linalg.eigh(lower)
-        positive = low_values > rcond * top
-        unbounded = np.any((low_vectors[:, ~positive] ** 2) >= UNBOUNDED_SHARE, axis=1)
-        kept_low = low_vectors[:, positive]
-        wide = np.where(unbounded, np.inf, np.einsum("ij,j,ij->i", kept_low,
-                                                     1.0 / low_values[positive], kept_low))
+        inverse, unbounded = bounded_inverse(lower, rcond * top)
+        wide = np.where(unbounded, np.inf, np.diag(inverse))
     with np.errstate(invalid="ignore", divide="ignore"):
         spread = np.sqrt(wide / narrow) - 1.0
     return np.where(undetermined, np.nan, spread)
@@ -333,13 +329,21 @@ def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> l
 def upper_covariance(bread: np.ndarray, meat: np.ndarray) -> np.ndarray:
     """B⁻¹ M B⁻¹ for a lower bound B of the curvature (:attr:`CurvatureParts.lower`), inf on
     the diagonal where B is not positive definite in a direction the position takes part in
-    (:data:`pdefit.fitting.UNBOUNDED_SHARE`)."""
-    values, vectors = np.linalg.eigh(0.5 * (bread + bread.T))
-    top = max(float(np.max(np.abs(values), initial=0.0)), np.finfo(np.float64).tiny)
-    positive = values > SINGULAR * top
-    kept = vectors[:, positive]
-    inverse = kept @ np.diag(1.0 / values[positive]) @ kept.T
+    (:func:`bounded_inverse`, below :data:`SINGULAR` of B's largest eigenvalue)."""
+    top = max(float(np.max(np.abs(np.linalg.eigvalsh(symmetric(bread))), initial=0.0)),
+              np.finfo(np.float64).tiny)
+    inverse, unbounded = bounded_inverse(bread, SINGULAR * top)
     cov = inverse @ meat @ inverse
-    unbounded = np.any(vectors[:, ~positive] ** 2 >= UNBOUNDED_SHARE, axis=1)
     cov[np.diag_indices_from(cov)] = np.where(unbounded, np.inf, np.diag(cov))
     return cov
+
+
+def bounded_inverse(lower: np.ndarray, threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """(the inverse of ``lower`` on its eigenvalues above ``threshold``, per position whether
+    it takes part, by a squared share of at least :data:`UNBOUNDED_SHARE`, in a direction at
+    or below it: there the lower bound of the curvature bounds no std error)."""
+    values, vectors = np.linalg.eigh(symmetric(lower))
+    positive = values > threshold
+    kept = vectors[:, positive]
+    unbounded = np.any(vectors[:, ~positive] ** 2 >= UNBOUNDED_SHARE, axis=1)
+    return kept @ np.diag(1.0 / values[positive]) @ kept.T, unbounded
