@@ -76,6 +76,12 @@ def test_final_table_in_significant_figures_with_units():
     rows = parameter_table(["k"], {"k": 10.0}, {"k": 8.0}, truth, intervals=intervals)
     line = format_table(rows).splitlines()[1]
     assert "[7, 9]" in line and line.endswith("  std err within [0.5, ∞)")
+    # A fit stopped short of its optimum says where that optimum is (its interval spans it).
+    intervals = {"k": {"std_error": 0.5, "ci95_low": 6.0, "ci95_high": 9.0, "optimum": 7.25,
+                       "flag": "optimum not reached (1.5 std errors)"}}
+    rows = parameter_table(["k"], {"k": 10.0}, {"k": 8.0}, truth, intervals=intervals)
+    line = format_table(rows).splitlines()[1]
+    assert "[6, 9]" in line and line.endswith("  optimum not reached (1.5 std errors) at 7.25")
 
 
 def test_field_figure_has_colour_bars_residual_rows_and_units():

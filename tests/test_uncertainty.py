@@ -117,6 +117,10 @@ def test_covariance_equals_the_direct_jacobian_of_the_residuals(copied):
     inverse = np.linalg.inv(bread)
     expected = sigma2 * inverse @ meat @ inverse
 
+    # At the truth, the Gauss–Newton step −B⁻¹JᵀAr (the prior's gradient is zero there) to the
+    # noisy data's optimum.
+    step = -inverse @ (jac.T @ (a * r))
+
     result = estimate(problem, theta, batch)
     assert result["sigma_source"] == "residual" and result["dof"] == n_values - 3
     assert result["copied_initial_values"] == (2 * 144 if copied else 0)
@@ -125,14 +129,17 @@ def test_covariance_equals_the_direct_jacobian_of_the_residuals(copied):
     index = unravel(jnp.arange(3))
     for name, row in result["parameters"].items():
         sigma_z = np.sqrt(expected[int(index[name]), int(index[name])])
-        # log parameters: physical std error = value · σ_θ, interval mapped from θ-space.
+        # log parameters: physical std error = value · σ_θ, interval mapped from θ-space; it
+        # spans the fitted value (the truth) and the optimum, q σ_θ beyond each.
         assert row["std_error"] == pytest.approx(AP96[name] * sigma_z, rel=1e-7)
-        q = result["quantile"]
-        assert row["ci95_low"] == pytest.approx(AP96[name] * np.exp(-q * sigma_z), rel=1e-9)
-        assert row["ci95_high"] == pytest.approx(AP96[name] * np.exp(q * sigma_z), rel=1e-9)
-    # At the truth, the Gauss–Newton step −B⁻¹JᵀAr (the prior's gradient is zero there) to the
-    # noisy data's optimum, in std errors.
-    step = -inverse @ (jac.T @ (a * r))
+        q, shift = result["quantile"], step[int(index[name])]
+        assert row["optimum"] == pytest.approx(AP96[name] * np.exp(shift), rel=1e-6)
+        assert row["ci95_low"] == pytest.approx(
+            AP96[name] * np.exp(min(shift, 0.0) - q * sigma_z), rel=1e-6)
+        assert row["ci95_high"] == pytest.approx(
+            AP96[name] * np.exp(max(shift, 0.0) + q * sigma_z), rel=1e-6)
+        assert row["ci95_low"] < min(AP96[name], row["optimum"])
+        assert row["ci95_high"] > max(AP96[name], row["optimum"])
     for name, row in result["parameters"].items():
         i = int(index[name])
         assert row["to_optimum"] == pytest.approx(abs(step[i]) / np.sqrt(expected[i, i]),
@@ -166,6 +173,31 @@ def test_intervals_cover_the_truth_over_noise_seeds():
     fraction = covered / total
     print(f"coverage {covered}/{total} = {fraction:.3f} in {time.perf_counter() - start:.1f} s")
     assert 0.85 <= fraction <= 1.0
+
+
+def test_a_fit_stopped_short_gets_an_interval_that_spans_the_optimum():
+    """From a point 3 std errors off the converged Levenberg–Marquardt optimum in k, the
+    estimate points back to that optimum (its Gauss–Newton step) and the interval spans both
+    the point and the optimum's own 95 % interval, so a fit stopped short still covers where
+    the data put the parameter."""
+    frame_steps = list(range(0, 21, 4))
+    problem, batch, theta_true, _ = noisy_problem(("k", "a"), frame_steps, noise_seed=3)
+    cfg = OptimConfig(name="levenberg_marquardt", steps=15, clip=None, grad_tol=1e-10)
+    _, history = run_fit(problem.loss, theta_true, batch, cfg, progress=False,
+                         log=lambda _: None, curvature=gauss_newton(problem))
+    converged = estimate(problem, history.best_theta, batch, sigma=SIGMA)
+    k = converged["parameters"]["k"]
+    assert k["to_optimum"] < 0.01 and k["flag"] == ""
+    params = dict(history.best_theta["params"])
+    params["k"] = params["k"] + 3.0 * k["std_error"] / k["value"]  # log k: σ_θ = σ_k / k
+    short = estimate(problem, {**history.best_theta, "params": params}, batch, sigma=SIGMA)
+    row = short["parameters"]["k"]
+    assert row["flag"].startswith(NOT_CONVERGED) and 2.5 < row["to_optimum"] < 3.5
+    assert row["optimum"] == pytest.approx(k["value"], abs=0.05 * k["std_error"])
+    assert row["std_error"] == pytest.approx(k["std_error"], rel=0.05)
+    assert row["ci95_low"] <= k["ci95_low"] + 0.05 * k["std_error"]
+    assert row["ci95_high"] >= row["value"] + 1.9 * row["std_error"]
+    assert not row["value"] - 1.96 * row["std_error"] <= k["ci95_low"]  # centred: it would not
 
 
 def test_standard_errors_shrink_like_one_over_sqrt_frames():

@@ -21,7 +21,8 @@ def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
     and the parameter's unit (``units``: name → unit, e.g. from ``ParamSpec.unit``); with
     ``intervals`` (:func:`pdefit.fitting.uncertainty.estimate`'s ``parameters``) also the standard
     error, the 95 % interval and the flag of a parameter the data do not determine (and, with
-    fitted initial fields, the std error's bracket)."""
+    fitted initial fields, the std error's bracket; for a flagged one, the optimum its
+    interval spans)."""
     rows = []
     for name in fitted:
         true = None if truth is None else truth.get(name)
@@ -33,8 +34,9 @@ def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
         if intervals and name in intervals:
             row.update({k: intervals[name][k] for k in ("std_error", "ci95_low", "ci95_high",
                                                          "flag")})
-            if intervals[name].get("std_error_bounds") is not None:
-                row["std_error_bounds"] = intervals[name]["std_error_bounds"]
+            for key in ("std_error_bounds", "optimum"):
+                if intervals[name].get(key) is not None:
+                    row[key] = intervals[name][key]
         rows.append(row)
     return rows
 
@@ -89,6 +91,12 @@ def format_table(rows: Sequence[Mapping]) -> str:
         return ("; " if r.get("flag") else "") + f"std err within [{bounds[0]:.3g}, " + (
             "∞)" if bounds[1] is None else f"{bounds[1]:.3g}]")
 
+    def flag(r):  # a flagged fit's interval spans the optimum it did not reach: where that is
+        text = r.get("flag") or ""
+        if text and r.get("optimum") is not None:
+            text += f" at {r['optimum']:.6g}"
+        return text
+
     width = max([len("unit"), *(len(r.get("unit") or "") for r in rows)])
     spread = any("std_error" in r for r in rows)
     span = max([len("95 % interval"), *(len(interval(r)) for r in rows)])
@@ -104,8 +112,7 @@ def format_table(rows: Sequence[Mapping]) -> str:
                 f"{format_percent(r['rel_error']):>11}")
         if spread:
             line += (f" {num(r.get('std_error')):>11} {interval(r):<{span}}"
-                     + (f"  {r.get('flag') or ''}{bracket(r)}" if r.get("flag") or bracket(r)
-                        else ""))
+                     + (f"  {flag(r)}{bracket(r)}" if r.get("flag") or bracket(r) else ""))
         lines.append(line.rstrip())
     return "\n".join(lines)
 

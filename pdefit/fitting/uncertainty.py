@@ -348,10 +348,14 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
                         cov_upper: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
     """Per fitted scalar, in physical units: value, std error (delta method), the interval
     mapped from θ-space, the relative std error, the Gauss–Newton ``step`` (θ-space) to the
-    optimum in std errors and a flag (``undetermined``: name → the flag of a parameter
-    without an interval). Where ``cov`` is a lower bound of the covariance and ``cov_upper``
-    an upper one (fitted initial fields, truncated solves), every scalar, with an interval or
-    not, also gets ``std_error_bounds`` [from ``cov``, from ``cov_upper`` (None: unbounded)],
+    optimum in std errors and the optimum it points to, and a flag (``undetermined``: name →
+    the flag of a parameter without an interval). With a ``step`` the interval spans both the
+    fitted value and that optimum, q std errors beyond each (:func:`mapped`): the Laplace
+    interval belongs to the optimum, and a fit stopped short of it would otherwise centre
+    the interval where the data do not (docs/design-decisions.md, "Parameter
+    uncertainty"). Where ``cov`` is a lower bound of the covariance and ``cov_upper`` an upper
+    one (fitted initial fields, truncated solves), every scalar, with an interval or not,
+    also gets ``std_error_bounds`` [from ``cov``, from ``cov_upper`` (None: unbounded)],
     except one not determined by the data (no finite std error bounds it from below)."""
     flat, unravel = ravel_pytree(theta["params"])
     index = unravel(jnp.arange(flat.shape[0]))
@@ -362,7 +366,7 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
             value, slope, ends = mapped(spec, float(theta["params"][name]))
         row: dict[str, Any] = {"value": value, "std_error": None, "ci95_low": None,
                                "ci95_high": None, "rel_std_error": None, "to_optimum": None,
-                               "flag": ""}
+                               "optimum": None, "flag": ""}
         position = int(index[name])
         if cov_upper is not None and undetermined.get(name) != NOT_DETERMINED:
             high = float(cov_upper[position, position])
@@ -374,8 +378,14 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
             out[name] = row
             continue
         sigma_z = math.sqrt(max(float(cov[position, position]), 0.0))
+        # A step that is not finite (a curvature computed wrong) points nowhere: no span.
+        shift = None if step is None or not math.isfinite(step[position]) else float(
+            step[position])
         with jax.enable_x64(True):
-            ends = mapped(spec, float(theta["params"][name]), quantile * sigma_z)[2]
+            ends = mapped(spec, float(theta["params"][name]), quantile * sigma_z,
+                          shift or 0.0)[2]
+            optimum = (None if shift is None else
+                       mapped(spec, float(theta["params"][name]) + shift)[0])
         std = abs(slope) * sigma_z
         rel = std / abs(value) if value else None
         remaining = (None if step is None or sigma_z == 0 else
@@ -384,17 +394,20 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
         if not flag and remaining is not None and remaining > STEP_LIMIT:
             flag = f"{NOT_CONVERGED} ({remaining:.2g} std errors)"
         row.update(std_error=std, ci95_low=ends[0], ci95_high=ends[1], rel_std_error=rel,
-                   to_optimum=remaining, flag=flag)
+                   to_optimum=remaining, optimum=optimum, flag=flag)
         out[name] = row
     return out
 
 
-def mapped(spec: Any, z: float, half_width: float = 0.0) -> tuple[float, float, list[float]]:
-    """(p(z), p'(z), sorted [p(z − h), p(z + h)]) through ``spec``'s transform, in float64
-    (call under ``jax.enable_x64``)."""
+def mapped(spec: Any, z: float, half_width: float = 0.0, shift: float = 0.0,
+           ) -> tuple[float, float, list[float]]:
+    """(p(z), p'(z), sorted [p(lo), p(hi)]) through ``spec``'s (monotone) transform, in
+    float64 (call under ``jax.enable_x64``), where [lo, hi] = [min(z, z + s) − h,
+    max(z, z + s) + h]: h beyond both z and z + ``shift``."""
     z64 = jnp.asarray(z, jnp.float64)
     value, slope = jax.jvp(spec.to_physical, (z64,), (jnp.ones_like(z64),))
-    ends = sorted(float(spec.to_physical(z64 + s * half_width)) for s in (-1.0, 1.0))
+    reach = (min(0.0, shift) - half_width, max(0.0, shift) + half_width)
+    ends = sorted(float(spec.to_physical(z64 + r)) for r in reach)
     return float(value), float(slope), ends
 
 
