@@ -347,16 +347,13 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
                         undetermined: Mapping[str, str], step: np.ndarray | None = None,
                         cov_upper: np.ndarray | None = None) -> dict[str, dict[str, Any]]:
     """Per fitted scalar, in physical units: value, std error (delta method), the interval
-    mapped from θ-space, the relative std error, the Gauss–Newton ``step`` (θ-space) to the
-    optimum in std errors and the optimum it points to, and a flag (``undetermined``: name →
-    the flag of a parameter without an interval). With a ``step`` the interval spans both the
-    fitted value and that optimum, q std errors beyond each (:func:`mapped`): the Laplace
-    interval belongs to the optimum, and a fit stopped short of it would otherwise centre
-    the interval where the data do not (docs/design-decisions.md, "Parameter
-    uncertainty"). Where ``cov`` is a lower bound of the covariance and ``cov_upper`` an upper
-    one (fitted initial fields, truncated solves), every scalar, with an interval or not,
-    also gets ``std_error_bounds`` [from ``cov``, from ``cov_upper`` (None: unbounded)],
-    except one not determined by the data (no finite std error bounds it from below)."""
+    mapped from θ-space (spanning the value and the optimum the Gauss–Newton ``step`` points
+    to: :func:`mapped`), the relative std error, that step in std errors, the optimum, and a
+    flag (``undetermined``: name → the flag of a parameter without an interval). Where
+    ``cov`` is a lower bound of the covariance and ``cov_upper`` an upper one (fitted
+    initial fields, truncated solves), every scalar, with an interval or not, also gets
+    ``std_error_bounds`` [from ``cov``, from ``cov_upper`` (None: unbounded)], except one
+    not determined by the data (no finite std error bounds it from below)."""
     flat, unravel = ravel_pytree(theta["params"])
     index = unravel(jnp.arange(flat.shape[0]))
     out = {}
@@ -379,17 +376,14 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
             continue
         sigma_z = math.sqrt(max(float(cov[position, position]), 0.0))
         # A step that is not finite (a curvature computed wrong) points nowhere: no span.
-        shift = None if step is None or not math.isfinite(step[position]) else float(
-            step[position])
+        shift = float(step[position]) if step is not None else math.nan
+        shift, z = (shift if math.isfinite(shift) else None), float(theta["params"][name])
         with jax.enable_x64(True):
-            ends = mapped(spec, float(theta["params"][name]), quantile * sigma_z,
-                          shift or 0.0)[2]
-            optimum = (None if shift is None else
-                       mapped(spec, float(theta["params"][name]) + shift)[0])
+            ends = mapped(spec, z, quantile * sigma_z, shift or 0.0)[2]
+            optimum = None if shift is None else mapped(spec, z + shift)[0]
         std = abs(slope) * sigma_z
         rel = std / abs(value) if value else None
-        remaining = (None if step is None or sigma_z == 0 else
-                     abs(float(step[position])) / sigma_z)
+        remaining = None if shift is None or sigma_z == 0 else abs(shift) / sigma_z
         flag = POORLY_DETERMINED if rel is not None and rel > 1.0 else ""
         if not flag and remaining is not None and remaining > STEP_LIMIT:
             flag = f"{NOT_CONVERGED} ({remaining:.2g} std errors)"
@@ -402,8 +396,8 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
 def mapped(spec: Any, z: float, half_width: float = 0.0, shift: float = 0.0,
            ) -> tuple[float, float, list[float]]:
     """(p(z), p'(z), sorted [p(lo), p(hi)]) through ``spec``'s (monotone) transform, in
-    float64 (call under ``jax.enable_x64``), where [lo, hi] = [min(z, z + s) − h,
-    max(z, z + s) + h]: h beyond both z and z + ``shift``."""
+    float64 (call under ``jax.enable_x64``); [lo, hi] reaches h beyond z and z + ``shift``
+    (an interval belongs to the optimum: docs/design-decisions.md, "Parameter uncertainty")."""
     z64 = jnp.asarray(z, jnp.float64)
     value, slope = jax.jvp(spec.to_physical, (z64,), (jnp.ones_like(z64),))
     reach = (min(0.0, shift) - half_width, max(0.0, shift) + half_width)
