@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from pdefit.fitting.uncertainty import NOT_CONVERGED
+
 
 def parameter_table(fitted: Sequence[str], start: Mapping[str, float],
                     recovered: Mapping[str, float], truth: Mapping[str, float] | None,
@@ -91,9 +93,9 @@ def format_table(rows: Sequence[Mapping]) -> str:
         return ("; " if r.get("flag") else "") + f"std err within [{bounds[0]:.3g}, " + (
             "∞)" if bounds[1] is None else f"{bounds[1]:.3g}]")
 
-    def flag(r):  # a flagged fit's interval spans the optimum it did not reach: where that is
+    def flag(r):  # a fit stopped short: its interval spans the optimum, so say where that is
         text = r.get("flag") or ""
-        if text and r.get("optimum") is not None:
+        if text.startswith(NOT_CONVERGED) and r.get("optimum") is not None:
             text += f" at {r['optimum']:.6g}"
         return text
 

@@ -376,8 +376,8 @@ def parameter_intervals(problem: FitProblem, theta: Any, cov: np.ndarray, quanti
             continue
         sigma_z = math.sqrt(max(float(cov[position, position]), 0.0))
         # A step that is not finite (a curvature computed wrong) points nowhere: no span.
-        shift = float(step[position]) if step is not None else math.nan
-        shift, z = (shift if math.isfinite(shift) else None), float(theta["params"][name])
+        shift = None if step is None or not np.isfinite(step[position]) else float(step[position])
+        z = float(theta["params"][name])
         with jax.enable_x64(True):
             ends = mapped(spec, z, quantile * sigma_z, shift or 0.0)[2]
             optimum = None if shift is None else mapped(spec, z + shift)[0]
