@@ -119,6 +119,10 @@ def arguments() -> argparse.Namespace:
     parser.add_argument("--parameters-at-truth", action="store_true",
                         help="replace the start's parameters by the dataset's true ones "
                              "(the fields stay the start's)")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="a folder for the states --start reads back: <save>/prep after "
+                             "--fields-first, <save>/round-<r> after each schur round, "
+                             "<save>/final at the end")
     parser.add_argument("--output", type=Path,
                         default=Path("benchmarks/results/block_steps.jsonl"))
     parser.add_argument("overrides", nargs="*", help="extra Hydra overrides (after --)")
@@ -132,6 +136,23 @@ def arguments() -> argparse.Namespace:
 
 def is_checkpoint(start: Path | None) -> bool:
     return start is not None and (start / "state").is_dir()
+
+
+def save_state(folder: Path, theta: Any) -> None:
+    """``theta`` as a checkpoint step ``--start`` reads back (never over an existing one)."""
+    import orbax.checkpoint as ocp
+
+    if (folder / "state").exists():
+        raise FileExistsError(f"--save {folder}: a state is there already")
+    folder.mkdir(parents=True, exist_ok=True)
+    checkpointer = ocp.StandardCheckpointer()
+    checkpointer.save((folder / "state").absolute(), {"best_theta": theta})
+    checkpointer.wait_until_finished()
+
+
+def save(args: argparse.Namespace, name: str, theta: Any) -> None:
+    if args.save is not None:
+        save_state(args.save / name, theta)
 
 
 def setup_for(args: argparse.Namespace) -> Any:
@@ -323,6 +344,8 @@ def main() -> None:
 
     record("start", theta)
     theta = fields_first(args, theta, names, record)
+    if args.fields_first:
+        save(args, "prep", theta)
     if args.mode == "staged":
         staged(args, theta, truth, rows)
     if args.mode == "reduced":
@@ -335,6 +358,7 @@ def main() -> None:
             theta, measured = schur_step(problem, batch, theta, args, truth)
             rows.append({"part": f"{r}: schur", **measured})
             record(f"{r}: parameters", theta)
+            save(args, f"round-{r}", theta)
             continue
         if args.mode == "joint":
             theta = steps(theta, args.field_steps, matrix_free, [])
@@ -345,6 +369,7 @@ def main() -> None:
             record(f"{r}: parameters", theta)
         theta = steps(theta, args.field_steps, matrix_free, names)
         record(f"{r}: fields", theta)
+    save(args, "final", theta)
     args.output.parent.mkdir(parents=True, exist_ok=True)
     with args.output.open("a") as out:
         out.write(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
