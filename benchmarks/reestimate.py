@@ -75,6 +75,13 @@ def rebuilt(run: Path) -> tuple[Any, dict[str, float], Any]:
     path = Path(cfg.data.path) if cfg.data.get("path") else run / "data.zarr"
     cfg.data.path = str(path.absolute())
     setup = assemble.build_fit(options, path, assemble.set_precision(options.precision))
+    # The rebuilt start must be the fitted point the run reported, or the scores are not its.
+    reported = {r["name"]: r["recovered"] for r in
+                json.loads((run / "summary.json").read_text())["parameters"]}
+    for name, value in setup.start_values.items():
+        if name in reported and not math.isclose(value, reported[name], rel_tol=1e-6):
+            raise ConfigError(f"{run}: fit.start_from gives {name} = {value:.9g}, its "
+                              f"summary.json {reported[name]:.9g}")
     meta = zd.open_dataset(path).meta
     if not meta.true_params:
         raise ConfigError(f"{run}: its dataset {path} records no true parameters to score")
