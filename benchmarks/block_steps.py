@@ -277,7 +277,8 @@ def staged(args: argparse.Namespace, theta: Any, truth: dict[str, float], rows: 
                              dataclasses.replace(cfg.optim, steps=args.param_steps),
                              curvature=gn.curvature_function(problem),
                              hold=["u_so", "k_so"] if index == 0 else [], progress=False,
-                             log=lambda _: None, layout=problem.layout)
+                             log=lambda _: None, layout=problem.layout,
+                             field_bounds=problem.field_bounds)
         theta = history.best_theta
         err = errors(problem, theta, truth)
         size = np.abs(list(err.values()))
@@ -299,7 +300,8 @@ def fields_first(args: argparse.Namespace, theta: Any, names: list[str], record:
                              dataclasses.replace(cfg.optim, steps=args.prep_steps),
                              curvature=krylov.MatrixFree(setup.problem), hold=names,
                              progress=False, log=lambda _: None,
-                             layout=setup.problem.layout)
+                             layout=setup.problem.layout,
+                             field_bounds=setup.problem.field_bounds)
         theta = history.best_theta
         record(f"fields, {frames} fr", theta, f"its window {history.best_loss:.4e}, "
                f"{len(history.losses)} steps ({history.stop_reason})")
@@ -339,7 +341,7 @@ def main() -> None:
         state, _ = run_fit(problem.loss, theta, batch,
                            dataclasses.replace(cfg.optim, steps=count), curvature=curvature,
                            hold=hold, progress=False, log=lambda _: None,
-                           layout=problem.layout)
+                           layout=problem.layout, field_bounds=problem.field_bounds)
         return state.theta
 
     record("start", theta)

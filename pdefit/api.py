@@ -95,7 +95,7 @@ def build_problem(system: System | str,
                   params: Mapping[str, Any] | None = None, observe: Sequence[str] | None = None,
                   dt: float | None = None, integrator: str | None = None,
                   frames: Sequence[int] | None = None, experiments: Sequence[int] | None = None,
-                  initial_fields: Mapping[str, str] | None = None,
+                  initial_fields: Mapping[str, str] | None = None, bound_fields: bool = True,
                   perturb: tuple[float, float, int] | None = None,
                   transforms: Mapping[str, str] | None = None, stride: int = 1,
                   loss: str = "mse", snapshots: int | None = 32, adjoint: str = "revolve",
@@ -114,7 +114,9 @@ def build_problem(system: System | str,
     does not say, or when another system made the data). ``frames``/``experiments`` select
     indices of the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values
     or to ``"data"`` for a known initial state (the dataset's first frame): a field that is not
-    observed needs one of them unless the system derives it from the observed fields.
+    observed needs one of them unless the system derives it from the observed fields;
+    ``bound_fields`` keeps fitted fields in the ranges the system declares (``field_bounds``,
+    e.g. BOCF's gates in [0, 1]).
     ``dataset`` may also be frames in memory: field name → array ``(n_frames, ny, nx)`` or
     ``(n_experiments, n_frames, ny, nx)`` (NaN: unobserved), with ``grid``, ``dt`` and
     ``frame_interval`` (a multiple of ``dt``; default ``dt``) saying where and when they lie,
@@ -143,7 +145,7 @@ def build_problem(system: System | str,
                             experiments=_listed(experiments)),
             observe=ObserveConfig(fields=_observed_fields(system, ds.meta, observe),
                                   stride=stride, loss=loss),
-            fit=_fit_spec(fit, start, perturb, transforms, initial_fields),
+            fit=_fit_spec(fit, start, perturb, transforms, initial_fields, bound_fields),
             adjoint=AdjointConfig(kind=adjoint, snapshots=snapshots),
             regularization=RegularizationConfig(**dict(regularization or {})),
             precision=precision)
@@ -200,11 +202,12 @@ def _system_options(system: System, meta: zd.DatasetMeta, params: Mapping[str, A
 
 def _fit_spec(fit: Sequence[str], start: Mapping[str, Any] | None,
               perturb: tuple[float, float, int] | None, transforms: Mapping[str, str] | None,
-              initial_fields: Mapping[str, str] | None) -> FitSpecConfig:
+              initial_fields: Mapping[str, str] | None, bound_fields: bool = True,
+              ) -> FitSpecConfig:
     return FitSpecConfig(params=list(fit), start=dict(start or {}),
                          perturb=None if perturb is None else PerturbConfig(*perturb),
                          transforms=dict(transforms or {}),
-                         initial_fields=dict(initial_fields or {}))
+                         initial_fields=dict(initial_fields or {}), bound_fields=bound_fields)
 
 
 def _listed(indices: Sequence[int] | None) -> list[int] | None:
@@ -384,7 +387,7 @@ def _trained(setup: FitSetup, cfg: OptimConfig, theta0: Any, identity: dict[str,
             config={**identity, "recentre": index} if index else identity,
             metrics_path=None if within is None else within / "metrics.jsonl",
             checkpoint=None if within is None else CheckpointOptions(within / CHECKPOINT_DIR),
-            layout=problem.layout, steps=steps)
+            layout=problem.layout, field_bounds=problem.field_bounds, steps=steps)
         theta0 = history.best_theta
         if index < recentre:
             setup = setup._replace(batch=background.recentred(setup.batch, theta0))
@@ -423,6 +426,7 @@ def _bootstrapped(setup: FitSetup, cfg: OptimConfig, curvature: Any, theta: Any,
     def once(batch: Any, theta0: Any, where: Path | None) -> Any:
         return run_fit(problem.loss, theta0, batch, cfg, progress=False, log=log.debug,
                        curvature=curvature, layout=problem.layout,
+                       field_bounds=problem.field_bounds,
                        checkpoint=None if where is None else CheckpointOptions(
                            where / CHECKPOINT_DIR),
                        config={"optim": dataclasses.asdict(cfg)}, steps=steps)[1].best_theta
@@ -447,7 +451,7 @@ def _shot(setup: FitSetup, cfg: OptimConfig, shooting: multiple_shooting.Shootin
         config={**identity, "shooting": [shooting.segments, shooting.continuity]},
         metrics_path=None if within is None else within / "metrics.jsonl",
         checkpoint=None if within is None else CheckpointOptions(within / CHECKPOINT_DIR),
-        layout=problem.layout)
+        layout=problem.layout, field_bounds=problem.field_bounds)
     return multiple_shooting.with_segments(setup.problem, history.best_theta, setup.batch)
 
 

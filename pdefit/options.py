@@ -182,6 +182,9 @@ class FitSpecConfig:
     # unless the system derives it from the observed fields (state_from_observables); it never
     # starts from the dataset's first frame silently (that is a truth no recording has).
     initial_fields: dict[str, str] = field(default_factory=dict)
+    # Keep fitted initial fields in the ranges their system declares (its field_bounds, e.g.
+    # BOCF's gates in [0, 1]): every step projects them there. false: unbounded.
+    bound_fields: bool = True
     # Fitted parameters with one value per experiment (e.g. an alignment); the others are
     # shared by all experiments.
     per_experiment: list[str] = field(default_factory=list)

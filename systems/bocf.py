@@ -246,6 +246,12 @@ class BOCF:
     fields: ClassVar[tuple[str, ...]] = ("u", "v", "w", "s")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
     rest: ClassVar[dict[str, float]] = {"u": 0.0, "v": 1.0, "w": 1.0, "s": 0.0}
+    # The gates relax towards targets in [0, 1] (v∞ ∈ {0, 1}, w∞ ∈ [w∞*, 1] for u ≥ 0,
+    # s∞ = (1 + tanh)/2), so no state the model reaches from tissue has a gate outside it; a
+    # fit of their initial values is kept there (pdefit.model.system, field_bounds). Unbounded,
+    # the fitted gates of voltage-only fits ran to −2.7 … 3.2 (docs/benchmarks.md).
+    field_bounds: ClassVar[dict[str, tuple[float, float]]] = {
+        "v": (0.0, 1.0), "w": (0.0, 1.0), "s": (0.0, 1.0)}
     # Excited tissue, for the evaluator's active fraction (pdefit/analysis/activity.py).
     activity: ClassVar[tuple[str, float]] = ("u", 0.5)
     # Cell-centred fields, nothing tied to the cell count: data may be simulated on a refined

@@ -367,7 +367,7 @@ def _fit_stage(cfg: FitConfig, setup: assemble.FitSetup, out: Path, theta0: Any,
                    log=log.info, checkpoint=checkpoint, resume=cfg.run.resume,
                    config=plain_config(cfg), status_path=out / "status.json",
                    curvature=curvature, preemption=preemption, hold=hold,
-                   layout=problem.layout)
+                   layout=problem.layout, field_bounds=problem.field_bounds)
 
 
 @one_line_errors("pdefit-fit")

@@ -185,7 +185,8 @@ def _bootstrap(cfg: FitConfig, fit: StagedFit, uncertainty: dict[str, Any], out:
     def once(hold: frozenset[str]) -> bootstrap.Refit:
         return lambda replicate, theta0, where: run_fit(
             problem.loss, theta0, replicate, cfg.optim, progress=False, log=log.debug,
-            curvature=curvature, hold=hold, layout=problem.layout, preemption=preemption,
+            curvature=curvature, hold=hold, layout=problem.layout,
+            field_bounds=problem.field_bounds, preemption=preemption,
             checkpoint=None if where is None else CheckpointOptions(
                 where / CHECKPOINT_DIR, cfg.run.checkpoint_every),
             config={"optim": plain(cfg.optim), "hold": sorted(hold)}, steps=steps)[1].best_theta

@@ -44,6 +44,7 @@ from pdefit.fitting.observe import (
     unobserved_after_first,
     weighted_by_noise,
 )
+from pdefit.fitting.optimisers import project_fields
 from pdefit.fitting.problem import Batch, FitProblem
 from pdefit.fitting.synthetic import (
     data_system_config,
@@ -135,9 +136,14 @@ def build_fit(cfg: FitConfig, dataset_path: Path, dtype: Any,
                              start.values)
     first_guess = _start_fields(cfg, grid, reader, source, fitted_fields,
                                 {**guesses, **from_observed})
-    theta0 = _theta0(start, _warm_fields(first_guess, start.warm_fields), domain)
     problem = _problem(cfg, system, grid, source, window, start.layout, observation,
                        fitted_fields, domain, dtype)
+    # A fit starts inside the ranges its steps keep the fields in (a warm start from an
+    # unbounded fit, or a first guess past them, is projected there).
+    first_guess = project_fields({"fields": first_guess}, problem.field_bounds)["fields"]
+    theta0 = project_fields(
+        _theta0(start, _warm_fields(first_guess, start.warm_fields), domain),
+        problem.field_bounds)
     if window.n_steps == 0:
         raise ConfigError("the training window has no time steps: use at least two frames")
     # The fitted fields' first guess is the background their prior pulls towards; a warm
@@ -458,9 +464,19 @@ def _problem(cfg: FitConfig, system: System, grid: Grid, source: Source, window:
             t0=float(source.meta.times[window.frames[0]]) / source.time_scale,
             regularization=make_regularization(cfg, layout, system, grid), domain=domain,
             shooting=(shooting.Shooting(segments, float(cfg.fit.shooting.continuity))
-                      if segments > 1 else None))
+                      if segments > 1 else None),
+            field_bounds=bounded_fields(system, fitted_fields) if cfg.fit.bound_fields else ())
     except shooting.ShootingError as err:
         raise ConfigError(f"fit.shooting.segments={segments}: {err}") from None
+
+
+def bounded_fields(system: System, fitted_fields: tuple[str, ...],
+                   ) -> tuple[tuple[str, float, float], ...]:
+    """(field, lower, upper) for each of ``fitted_fields`` that ``system`` bounds (its
+    optional ``field_bounds`` hook)."""
+    bounds = getattr(system, "field_bounds", None) or {}
+    return tuple((f, float(bounds[f][0]), float(bounds[f][1])) for f in fitted_fields
+                 if f in bounds)
 
 
 def _warm_start(cfg: FitConfig, system: System, fitted: list[str], per_experiment: list[str],

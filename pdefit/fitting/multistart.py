@@ -71,7 +71,7 @@ def probe_starts(setup: FitSetup, thetas: Sequence[Any], optim: OptimConfig, ste
             raise ConfigError(f"optim: {err}") from None
     optimizer = make_optimizer(optim)
     update = step_update(problem.loss, optimizer, optim, curvature, None, frozenset(hold),
-                         step_limits(problem.layout, optim))
+                         step_limits(problem.layout, optim, problem.field_bounds))
     dtype = jax.eval_shape(problem.loss, thetas[0], setup.batch).dtype
     probes = []
     for theta in thetas:

@@ -13,7 +13,10 @@ Step control (:class:`StepLimits`, from the parameters' specs): every update, of
 optimiser, is clipped so that no log-transformed parameter changes by more than a factor
 exp(``optim.max_log_step``), then projected onto the parameters' bounds in unconstrained
 coordinates. A fit can then never leave [lower, upper], nor jump decades in one
-step; the report says when a parameter sits on a bound (the loop's run-off rule).
+step; the report says when a parameter sits on a bound (the loop's run-off rule). Fitted
+initial fields (and multiple shooting's segment states) that the system bounds
+(``field_bounds``, e.g. gates in [0, 1]) are projected onto their range the same way; a
+field on its bound is no run-off (resting tissue sits there).
 """
 
 from __future__ import annotations
@@ -163,30 +166,47 @@ class StepLimits(NamedTuple):
     """Where a step may take the fitted parameters (``theta["params"]``): ``lower`` and
     ``upper`` their bounds in unconstrained coordinates (±inf: open), ``log_names`` those
     under a log transform, whose change per step is at most ``max_log_step`` (None: no
-    limit)."""
+    limit); ``fields``: (field, lower, upper) for fitted initial fields (and segment states)
+    kept in a range, in the field's own units."""
 
     lower: dict[str, float]
     upper: dict[str, float]
     log_names: tuple[str, ...]
     max_log_step: float | None
+    fields: tuple[tuple[str, float, float], ...] = ()
 
     @property
     def active(self) -> bool:
         finite = [b for b in (*self.lower.values(), *self.upper.values()) if np.isfinite(b)]
-        return bool(finite) or (self.max_log_step is not None and bool(self.log_names))
+        return (bool(finite) or bool(self.fields)
+                or (self.max_log_step is not None and bool(self.log_names)))
 
 
-def step_limits(layout: ParameterLayout | None, cfg: OptimConfig) -> StepLimits | None:
-    """The step control of a fit of ``layout``'s parameters under ``cfg`` (None when there is
-    nothing to limit)."""
+def step_limits(layout: ParameterLayout | None, cfg: OptimConfig,
+                field_bounds: tuple[tuple[str, float, float], ...] = ()) -> StepLimits | None:
+    """The step control of a fit of ``layout``'s parameters under ``cfg``, with the fitted
+    fields' ``field_bounds`` (:attr:`pdefit.fitting.problem.FitProblem.field_bounds`); None
+    when there is nothing to limit."""
     if layout is None:
         return None
     bounds = {name: layout.specs[name].unconstrained_bounds() for name in layout.fitted}
     limits = StepLimits({n: b[0] for n, b in bounds.items()},
                         {n: b[1] for n, b in bounds.items()},
                         tuple(n for n in layout.fitted if layout.specs[n].transform == "log"),
-                        cfg.max_log_step)
+                        cfg.max_log_step, tuple(field_bounds))
     return limits if limits.active else None
+
+
+def project_fields(theta: Any, bounds: tuple[tuple[str, float, float], ...]) -> Any:
+    """``theta`` with its fitted fields (``theta["fields"]``) and segment states
+    (``theta["segments"]``) clipped to ``bounds`` ((field, lower, upper) triples)."""
+    ranges = {name: (low, high) for name, low, high in bounds}
+    out = dict(theta)
+    for key in ("fields", "segments"):
+        if key in theta:
+            out[key] = {f: jnp.clip(x, *ranges[f]).astype(x.dtype) if f in ranges else x
+                        for f, x in theta[key].items()}
+    return out
 
 
 def limit_step(old: Any, new: Any, limits: StepLimits | None) -> tuple[Any, jax.Array,
@@ -207,9 +227,10 @@ def limit_step(old: Any, new: Any, limits: StepLimits | None) -> tuple[Any, jax.
             value = jnp.clip(value, old["params"][name] - step, old["params"][name] + step)
         params[name] = jnp.clip(value, limits.lower.get(name, -np.inf),
                                 limits.upper.get(name, np.inf)).astype(value.dtype)
-    changed = jnp.any(jnp.stack([jnp.any(params[n] != new["params"][n]) for n in params]
-                                or [no]))
-    return {**new, "params": params}, changed, on_bound(params, limits)
+    limited = project_fields({**new, "params": params}, limits.fields)
+    changed = jnp.any(jnp.stack([jnp.any(a != b) for a, b in zip(
+        jax.tree.leaves(limited), jax.tree.leaves(new), strict=True)] or [no]))
+    return limited, changed, on_bound(params, limits)
 
 
 def on_bound(params: Mapping[str, Any], limits: StepLimits | None) -> jax.Array:

@@ -101,9 +101,16 @@ class FitProblem:
     regularization: Regularization = Regularization()
     domain: Domain | None = None  # None: one device; else tiles and experiments over a mesh
     shooting: multiple_shooting.Shooting | None = None  # None: single shooting
+    # (field, lower, upper): fitted initial fields (and segment states) that every step keeps
+    # in that range (pdefit.fitting.optimisers.limit_step), from the system's field_bounds.
+    field_bounds: tuple[tuple[str, float, float], ...] = ()
 
     def __post_init__(self) -> None:
         multiple_shooting.check(self)
+        for name, low, high in self.field_bounds:
+            if name not in self.fitted_fields or not low < high:
+                raise ValueError(f"field_bounds: ({name!r}, {low}, {high}) is not a range "
+                                 f"(lower < upper) of a fitted field {list(self.fitted_fields)}")
         unknown = [f for f in self.fitted_fields if f not in self.system.fields]
         derived = observable_names(self.system, self.grid)
         unknown += [f for f in self.observation.fields

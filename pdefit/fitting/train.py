@@ -85,6 +85,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
             on_step: Callable[[int, Mapping[str, Any]], None] | None = None,
             curvature: Callable | None = None, hold: Collection[str] = (),
             layout: ParameterLayout | None = None, steps: dict[Any, Any] | None = None,
+            field_bounds: tuple[tuple[str, float, float], ...] = (),
             ) -> tuple[TrainState, FitHistory]:
     """Minimise ``loss(theta, batch)`` from ``theta0``.
 
@@ -98,7 +99,9 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     ``levenberg_marquardt``. ``hold`` names entries of ``theta0["params"]`` that every
     optimiser keeps at their values (a stage of a staged fit that frees them later).
     ``layout`` (the problem's :class:`~pdefit.model.params.ParameterLayout`) turns on the step
-    control: bounds and ``optim.max_log_step``. ``steps``: a dict kept across fits of one
+    control: bounds and ``optim.max_log_step``; ``field_bounds`` ((field, lower, upper), the
+    problem's :attr:`~pdefit.fitting.problem.FitProblem.field_bounds`) keeps fitted fields in
+    their range (with ``layout`` only). ``steps``: a dict kept across fits of one
     problem, which then share their compiled step
     (:func:`pdefit.fitting.updates.kept_step_update`).
 
@@ -111,7 +114,7 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     _check_hold(theta0, hold)
     cfg = stage_options(cfg, curvature, hold)  # optim.reduced_steps where steps are reduced
     update = kept_step_update(steps, loss, optimizer, cfg, curvature, describe, hold,
-                              step_limits(layout, cfg))
+                              step_limits(layout, cfg, field_bounds))
     state = init_state(theta0, optimizer, jax.eval_shape(loss, theta0, batch).dtype, seed)
     run, state = _open_run(state, batch, cfg, checkpoint=checkpoint, resume=resume,
                            config=config, metrics_path=metrics_path, status_path=status_path,

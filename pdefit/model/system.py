@@ -27,6 +27,9 @@ closed over by jitted functions. It provides:
   (``fit.initial_fields.<f>=fit``): its starting point and the background of its prior
   (``regularization.field_background``), never a known initial state (e.g. BOCF's gates at
   their quasi-steady values for the observed u);
+- optionally ``field_bounds``: field name → (lower, upper), a range the model's flow keeps
+  the field in (an invariant set: BOCF's gates in [0, 1]); a fit that estimates that field's
+  initial state keeps it there (``fit.bound_fields``; every step projects onto the range);
 - optionally ``refinable_grid = True``: its fields are cell-centred and nothing in it is tied
   to the cell count, so data may be simulated on a refined grid and a fit checked on one
   (``simulate.refine.grid_factor``, ``fit.discretization_check.grid_factor``);
@@ -193,6 +196,7 @@ def check_system(system: Any) -> None:
     if not isinstance(radius, int | np.integer) or isinstance(radius, bool) or radius < 0:
         raise SystemCheckError(f"{who}: stencil_radius must be an integer >= 0 (the halo its "
                                f"operators read), got {radius!r}")
+    _check_field_bounds(who, getattr(system, "field_bounds", None), fields)
     hooks = [h for h in ("max_stable_dt", "initial_state")
              if not callable(getattr(system, h, None))]
     if not any(callable(getattr(system, h, None)) for h in ("rhs", "step")):
@@ -205,6 +209,27 @@ def check_system(system: Any) -> None:
         raise SystemCheckError(f"{who}: {type(system).__qualname__} is not hashable (jitted "
                                "code caches on the system): make it @dataclass(frozen=True)"
                                ) from None
+
+
+def _check_field_bounds(who: str, bounds: Any, fields: Sequence[str]) -> None:
+    """``field_bounds`` (if any) maps fields of the system to (lower, upper), lower < upper."""
+    if bounds is None:
+        return
+    if not isinstance(bounds, Mapping):
+        raise SystemCheckError(f"{who}: field_bounds must be a dict of field -> (lower, upper), "
+                               f"got {type(bounds).__name__}")
+    for name, pair in bounds.items():
+        if name not in fields:
+            raise SystemCheckError(f"{who}: field_bounds names {name!r}, not one of its fields "
+                                   f"{list(fields)}")
+        try:
+            low, high = (float(x) for x in pair)
+        except (TypeError, ValueError):
+            raise SystemCheckError(f"{who}: field_bounds[{name!r}] must be (lower, upper), got "
+                                   f"{pair!r}") from None
+        if not low < high:
+            raise SystemCheckError(f"{who}: field_bounds[{name!r}] = {pair!r} is not a range "
+                                   "(lower < upper)")
 
 
 # (system, grid, precision) whose hooks passed check_system_on: checked once each.
