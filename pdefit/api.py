@@ -115,8 +115,7 @@ def build_problem(system: System | str,
     indices of the dataset; ``initial_fields`` maps a field to ``"fit"`` to fit its initial values
     or to ``"data"`` for a known initial state (the dataset's first frame): a field that is not
     observed needs one of them unless the system derives it from the observed fields;
-    ``bound_fields`` keeps fitted fields in the ranges the system declares (``field_bounds``,
-    e.g. BOCF's gates in [0, 1]).
+    ``bound_fields`` keeps fitted fields in their system's ``field_bounds`` (BOCF's gates).
     ``dataset`` may also be frames in memory: field name → array ``(n_frames, ny, nx)`` or
     ``(n_experiments, n_frames, ny, nx)`` (NaN: unobserved), with ``grid``, ``dt`` and
     ``frame_interval`` (a multiple of ``dt``; default ``dt``) saying where and when they lie,

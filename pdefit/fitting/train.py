@@ -99,9 +99,8 @@ def run_fit(loss: Callable, theta0: Any, batch: Any, cfg: OptimConfig, *,
     ``levenberg_marquardt``. ``hold`` names entries of ``theta0["params"]`` that every
     optimiser keeps at their values (a stage of a staged fit that frees them later).
     ``layout`` (the problem's :class:`~pdefit.model.params.ParameterLayout`) turns on the step
-    control: bounds and ``optim.max_log_step``; ``field_bounds`` ((field, lower, upper), the
-    problem's :attr:`~pdefit.fitting.problem.FitProblem.field_bounds`) keeps fitted fields in
-    their range (with ``layout`` only). ``steps``: a dict kept across fits of one
+    control: bounds and ``optim.max_log_step``, and keeps fitted fields in ``field_bounds``
+    (``FitProblem.field_bounds``: (field, lower, upper)). ``steps``: a dict kept across fits of one
     problem, which then share their compiled step
     (:func:`pdefit.fitting.updates.kept_step_update`).
 
