@@ -41,7 +41,9 @@ experiment's recipe), and ``--fields-first 2 3 6 11 21`` fits the fields alone,
 ``--prep-steps`` steps on each of those windows in turn, before the mode's own steps, as the
 experiment's held stages do (``benchmarks/gpu_reduced.sh`` runs the reduced search so in one
 GPU call). ``--budget-s`` ends the reduced search at its best point once that many seconds
-have passed since the script started.
+have passed since the script started, and the Schur rounds before a round that the time left
+would not hold (as long as the last). ``--probe-spacing`` and ``--no-prior-floor`` set the
+field solves' preconditioner (``marginal.field_block``) for a side-by-side comparison.
 
 After each part: the loss on the window and every parameter's error against the dataset's
 truth. A diagnostic of the voltage-only BOCF fits (docs/benchmarks.md, "Why the long windows
@@ -64,6 +66,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import time
 from pathlib import Path
@@ -109,6 +112,12 @@ def arguments() -> argparse.Namespace:
                         default="alternate")
     parser.add_argument("--schur-iterations", type=int, default=200)
     parser.add_argument("--schur-damping", type=float, default=1e-3)
+    parser.add_argument("--probe-spacing", type=int, default=marginal.PROBE_SPACING,
+                        help="the field solves' probed diagonal: its lattice's spacing")
+    parser.add_argument("--no-prior-floor", action="store_true",
+                        help="the probed diagonal not floored at the fields' prior curvature "
+                             "(with --probe-spacing 4: the preconditioner shipped until "
+                             "2026-12-04)")
     parser.add_argument("--reduced-scale", type=float, default=0.1)
     parser.add_argument("--budget-s", type=float, default=None,
                         help="--mode reduced: start no evaluation this many seconds after "
@@ -311,6 +320,11 @@ def fields_first(args: argparse.Namespace, theta: Any, names: list[str], record:
 def main() -> None:
     args = arguments()
     args.deadline = None if args.budget_s is None else time.perf_counter() + args.budget_s
+    # marginal_parts looks field_block up in its module: the solves' preconditioner as asked
+    marginal.field_block = functools.partial(marginal.field_block, spacing=args.probe_spacing,
+                                             floored=not args.no_prior_floor)
+    print(f"field solves' diagonal: every {args.probe_spacing}th cell probed, "
+          f"{'not ' if args.no_prior_floor else ''}floored at the prior's curvature", flush=True)
     use_compilation_cache()  # every run_fit call compiles its step again
     if args.simulate:
         simulate([f"experiment={args.experiment}",
@@ -353,7 +367,12 @@ def main() -> None:
     if args.mode == "reduced":
         theta = reduced(problem, batch, theta, args, lambda t, k: steps(t, k, matrix_free,
                                                                          names), record)
+    round_s = 0.0
     for r in range(args.rounds if args.mode not in ("reduced", "staged") else 0):
+        if args.deadline is not None and time.perf_counter() + round_s > args.deadline:
+            print(f"{'budget':>16}: stopped before round {r} (--budget-s)", flush=True)
+            break
+        round_started = time.perf_counter()
         if args.mode == "schur":
             theta = steps(theta, args.field_steps, matrix_free, names)
             record(f"{r}: fields", theta)
@@ -361,6 +380,7 @@ def main() -> None:
             rows.append({"part": f"{r}: schur", **measured})
             record(f"{r}: parameters", theta)
             save(args, f"round-{r}", theta)
+            round_s = time.perf_counter() - round_started
             continue
         if args.mode == "joint":
             theta = steps(theta, args.field_steps, matrix_free, [])

@@ -44,6 +44,13 @@ class AlievPanfilov:
     name: ClassVar[str] = "aliev_panfilov"
     fields: ClassVar[tuple[str, ...]] = ("u", "v")
     stencil_radius: ClassVar[int] = LAPLACIAN_RADIUS
+    # The flow keeps v >= 0 (dv/dt = ε k u (1 + b − u) >= 0 at v = 0 for u in [0, 1]): a fit
+    # of v's initial values is kept there (pdefit.model.system, field_bounds). v's upper end,
+    # k (1 + b)² / 4 on the nullcline, moves with the parameters, so it is left open. u is
+    # left unbounded although the flow keeps it in [0, 1]: it is the observed field, whose
+    # first guess is a noisy frame (clipped at the rest state u = 0 it would bias the prior
+    # upward there), and recordings scaled otherwise (BOCF's u reaches 1.5) are fitted too.
+    field_bounds: ClassVar[dict[str, tuple[float, float]]] = {"v": (0.0, float("inf"))}
     # Excited tissue, for the evaluator's active fraction (pdefit/analysis/activity.py).
     activity: ClassVar[tuple[str, float]] = ("u", 0.5)
     # Cell-centred fields, nothing tied to the cell count: data may be simulated on a refined

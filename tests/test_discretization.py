@@ -151,7 +151,8 @@ def test_unsupported_check_options_are_refused_before_the_fit(tmp_path):
     class Staggered(AlievPanfilov):
         refinable_grid: ClassVar[bool] = False
 
-    staggered = dataclasses.replace(fields, system=Staggered(initial="blobs"), fitted_fields=())
+    staggered = dataclasses.replace(fields, system=Staggered(initial="blobs"), fitted_fields=(),
+                                    field_bounds=())
     grid = OmegaConf.structured(DiscretizationCheckConfig(grid_factor=2))
     with pytest.raises(assemble.ConfigError, match=r"discretization_check\.grid_factor=2: "
                                                    r".*does not declare a refinable"):

@@ -565,6 +565,34 @@ def test_the_probed_cell_diagonal_is_exact_for_a_local_operator():
         diagonal = marginal.cell_diagonal(product, fields, jax.random.key(0), size)
         for f in fields:
             np.testing.assert_allclose(diagonal[f], weight[f], rtol=1e-12)
+    # A lower bound per field (the prior's curvature, marginal.field_floors) raises only the
+    # entries below it.
+    floored = marginal.cell_diagonal(product, fields, jax.random.key(0), 5,
+                                     floors={"u": 0.25})
+    np.testing.assert_allclose(floored["u"], np.maximum(weight["u"], 0.25), rtol=1e-12)
+    np.testing.assert_allclose(floored["v"], weight["v"], rtol=1e-12)
+    assert float(jnp.min(weight["u"])) < 0.25
+
+
+def test_the_probed_diagonal_is_never_below_the_fields_prior_curvature():
+    """Voltage-only BOCF (32², 5 ms): a true diagonal entry of the field block is at least its
+    field's prior curvature (marginal.field_floors). A lattice of every 2nd cell, whose
+    probes' crosstalk leaves some cells far below it, is floored there; the lattice
+    field_block probes on leaves no cell below it either."""
+    setup = _bocf_voltage_setup()
+    problem, batch, theta = setup.problem, setup.batch, setup.theta0
+    floors = marginal.field_floors(problem, theta, batch)
+    assert min(floors.values()) == marginal.curvature_floor(problem, theta, batch) > 0
+    fields_only, cells = marginal.field_block(problem, theta, batch)
+    size = marginal.probe_count(theta["fields"], 2)
+    raw = marginal.cell_diagonal(fields_only, theta["fields"], jax.random.key(0), size,
+                                 spacing=2)
+    floored = marginal.cell_diagonal(fields_only, theta["fields"], jax.random.key(0), size,
+                                     spacing=2, floors=floors)
+    assert any(bool(jnp.any(raw[f] < floors[f])) for f in raw), "no crosstalk to floor here"
+    for f in raw:
+        np.testing.assert_allclose(floored[f], jnp.maximum(raw[f], floors[f]), rtol=1e-6)
+        assert float(jnp.min(cells[f])) >= floors[f] * (1 - 1e-6), f
 
 
 def test_field_solves_preconditioned_cell_by_cell_converge_where_one_number_per_field_does_not():

@@ -68,8 +68,12 @@ UNBOUNDED_SHARE = 1e-8
 # memory as the data); a batch holds at most this many bytes of them.
 BATCH_BYTES = 2**31
 # The lattice of cells probed together for the field block's diagonal (:func:`cell_diagonal`):
-# every PROBE_SPACING-th cell along each axis, PROBE_SPACING² probes per field.
-PROBE_SPACING = 4
+# every PROBE_SPACING-th cell along each axis, PROBE_SPACING² probes per field. At a fitted
+# state of 10 ms of voltage (BOCF 64²) a cell's column reaches cells 4 apart, and with every
+# 4th cell the crosstalk left the field solves at relative residuals 4e-2–1.5e-1 after 100
+# iterations; with every 8th, 4e-4–3e-3 (docs/benchmarks.md, "The probed diagonal at a
+# fitted state"), for 4 × the probes (256 products for four fields against the solves' 1000).
+PROBE_SPACING = 8
 # A probed diagonal entry is floored at this share of its field's mean: the probe's crosstalk
 # can leave a cell the data hardly see at zero or below, which no preconditioner may divide by.
 PROBE_FLOOR = 1e-6
@@ -227,14 +231,19 @@ def stacked_gram(left: Any, right: Any) -> jax.Array:
 
 
 def curvature_floor(problem: FitProblem, theta: Any, batch: Batch) -> float:
-    """A lower bound of G_xx's least eigenvalue: the fields' own prior terms, mean squares
-    (``field_background``, and ``Regularization.fields``) whose Hessian is 2w/n on each of a
-    field's n values; the data and the roughness terms only add positive semi-definite parts.
-    0 where some fitted field has neither."""
+    """A lower bound of G_xx's least eigenvalue: the least of :func:`field_floors`. 0 where
+    some fitted field has no prior of its own."""
+    return float(min(field_floors(problem, theta, batch).values(), default=0.0))
+
+
+def field_floors(problem: FitProblem, theta: Any, batch: Batch) -> dict[str, float]:
+    """Per fitted field, a lower bound of G_xx's diagonal on its cells: its own prior terms,
+    mean squares (``field_background``, and ``Regularization.fields``) whose Hessian is 2w/n
+    on each of its n values; the data and the roughness terms only add positive
+    semi-definite parts, whose diagonal is ≥ 0."""
     reg = problem.regularization
-    floors = [2.0 * (reg.field_background * (name in batch.background) + reg.fields)
-              / field.size for name, field in theta["fields"].items()]
-    return float(min(floors, default=0.0))
+    return {name: 2.0 * (reg.field_background * (name in batch.background) + reg.fields)
+            / field.size for name, field in theta["fields"].items()}
 
 
 def batched(function: Any, stacked: Any, batch_size: int | None, batch: Batch) -> Any:
@@ -257,11 +266,12 @@ def batch_size_for(batch: Batch, batch_size: int | None, count: int) -> int:
 
 
 def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | None = None,
-                ) -> tuple[Any, Any]:
+                spacing: int = PROBE_SPACING, floored: bool = True) -> tuple[Any, Any]:
     """(v ↦ G_xx v, the Gauss–Newton matrix's block over the fitted fields applied to
     fields v; its diagonal cell by cell, which preconditions the solves: :func:`cell_diagonal`
-    with ``key``'s signs, its probes as many at a time as :data:`BATCH_BYTES` allow, whatever
-    the solves' batch size, so that their results do not depend on it), at ``theta``."""
+    on the ``spacing`` lattice with ``key``'s signs, floored at :func:`field_floors` unless
+    not ``floored``, its probes as many at a time as :data:`BATCH_BYTES` allow, whatever the
+    solves' batch size, so that their results do not depend on it), at ``theta``."""
     zero = jax.tree.map(jnp.zeros_like, theta)
 
     def fields_only(fields):
@@ -269,8 +279,9 @@ def field_block(problem: FitProblem, theta: Any, batch: Batch, key: jax.Array | 
             "fields"]
 
     key = jax.random.key(0) if key is None else key
-    size = batch_size_for(batch, None, probe_count(theta["fields"]))
-    return fields_only, cell_diagonal(fields_only, theta["fields"], key, size)
+    size = batch_size_for(batch, None, probe_count(theta["fields"], spacing))
+    floors = field_floors(problem, theta, batch) if floored else None
+    return fields_only, cell_diagonal(fields_only, theta["fields"], key, size, spacing, floors)
 
 
 def probe_count(fields: dict[str, Any], spacing: int = PROBE_SPACING) -> int:
@@ -279,15 +290,17 @@ def probe_count(fields: dict[str, Any], spacing: int = PROBE_SPACING) -> int:
 
 
 def cell_diagonal(product: Any, fields: dict[str, Any], key: jax.Array, batch_size: int = 1,
-                  spacing: int = PROBE_SPACING) -> dict[str, jax.Array]:
+                  spacing: int = PROBE_SPACING, floors: dict[str, float] | None = None,
+                  ) -> dict[str, jax.Array]:
     """The diagonal of the symmetric operator ``product`` (fields ↦ fields) at every cell, by
     probing (Tang & Saad's colouring, with random signs): for each field and each of the
     ``spacing``² offsets of a lattice of every ``spacing``-th cell along the grid's two axes,
     one product with a probe z that is ±1 on that field's lattice cells and 0 elsewhere; a
     cell's entry is z ⊙ (product z) there. Exact where a cell's column reaches no other cell
     of its lattice; the rest is crosstalk of random sign, and an entry is floored at
-    :data:`PROBE_FLOOR` of its field's mean. ``batch_size`` probes run together under
-    ``vmap``; the sum is kept, not the probes' products."""
+    :data:`PROBE_FLOOR` of its field's mean and at its field's entry of ``floors`` (a lower
+    bound every true entry keeps, :func:`field_floors`). ``batch_size`` probes run together
+    under ``vmap``; the sum is kept, not the probes' products."""
     names = sorted(fields)
     per_field = spacing**2
     count = len(names) * per_field
@@ -314,8 +327,10 @@ def cell_diagonal(product: Any, fields: dict[str, Any], key: jax.Array, batch_si
         return jax.tree.map(lambda t, p: t + jnp.sum(p, axis=0), total, parts), None
 
     total, _ = jax.lax.scan(accumulate, {f: jnp.zeros_like(fields[f]) for f in names}, chunks)
-    return {f: jnp.maximum(d, jnp.maximum(PROBE_FLOOR * jnp.mean(jnp.abs(d)),
-                                          jnp.finfo(d.dtype).tiny)) for f, d in total.items()}
+    floors = floors or {}
+    return {f: jnp.maximum(d, jnp.maximum(PROBE_FLOOR * jnp.mean(jnp.abs(d)), jnp.maximum(
+        floors.get(f, 0.0), jnp.finfo(d.dtype).tiny)).astype(d.dtype))
+        for f, d in total.items()}
 
 
 def field_solution(fields_only: Any, rhs: Any, scale: Any, iterations: int) -> lx.Solution:
