@@ -71,8 +71,9 @@ BATCH_BYTES = 2**31
 # every PROBE_SPACING-th cell along each axis, PROBE_SPACING² probes per field. At a fitted
 # state of 10 ms of voltage (BOCF 64²) a cell's column reaches cells 4 apart, and with every
 # 4th cell the crosstalk left the field solves at relative residuals 4e-2–1.5e-1 after 100
-# iterations; with every 8th, 4e-4–3e-3 (docs/benchmarks.md, "The probed diagonal at a
-# fitted state"), for 4 × the probes (256 products for four fields against the solves' 1000).
+# iterations; with every 8th and the floor of field_floors, 1.3e-4–1.9e-3 (docs/benchmarks.md,
+# "The probed diagonal at a fitted state"), for 4 × the probes (256 products for four fields
+# against the solves' 1000).
 PROBE_SPACING = 8
 # A probed diagonal entry is floored at this share of its field's mean: the probe's crosstalk
 # can leave a cell the data hardly see at zero or below, which no preconditioner may divide by.
